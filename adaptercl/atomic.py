@@ -1,0 +1,67 @@
+"""Atomic writes: every file and folder a run produces is written to a temporary name and renamed.
+
+A killed run therefore leaves either the old complete output or none, never a half-written one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write `text` to `path` through a temp file in the same folder and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line (a JSONL record); a torn last line is the only possible partial write."""
+    with open(path, "a") as f:
+        f.write(line.rstrip("\n") + "\n")
+        f.flush()
+
+
+class atomic_dir:
+    """Context manager: yields a temp folder beside `target`; on success it replaces `target` whole.
+
+    With `keep_existing=True` an already present `target` wins (a cache filled by another process)."""
+
+    def __init__(self, target: str | Path, keep_existing: bool = False):
+        self.target = Path(target)
+        self.keep_existing = keep_existing
+
+    def __enter__(self) -> Path:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-", dir=self.target.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None or (self.keep_existing and self.target.exists()):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        if self.target.exists():
+            old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
+            os.replace(self.target, old)
+            os.replace(self.tmp, self.target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(self.tmp, self.target)

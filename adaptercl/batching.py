@@ -1,0 +1,78 @@
+"""Token batches for the trainer: left-padded prompts, right-padded responses, response-aligned logits.
+
+Every sequence is laid out as [pad.. prompt | response ..pad] so all responses start at the same column and
+`logits_to_keep` computes logits for response positions only. A teacher batch (a different prompt, the same
+responses) therefore yields logits aligned token-for-token with the student's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adaptercl.rollout import Completion
+
+
+@dataclass
+class TokenBatch:
+    input_ids: torch.Tensor  # [N, P+R]
+    attention_mask: torch.Tensor  # [N, P+R]
+    position_ids: torch.Tensor  # [N, P+R]
+    response_ids: torch.Tensor  # [N, R]
+    response_mask: torch.Tensor  # [N, R] float, 1 on real response tokens
+
+    def to(self, device: torch.device) -> TokenBatch:
+        return TokenBatch(*(t.to(device) for t in vars(self).values()))
+
+    def select(self, rows: slice | torch.Tensor | list[int]) -> TokenBatch:
+        return TokenBatch(*(t[rows] for t in vars(self).values()))
+
+
+def build_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> TokenBatch:
+    """Pack prompt/response pairs; an empty response still gets one (masked) column."""
+    n = len(prompts)
+    p_width = max(len(p) for p in prompts)
+    r_width = max(1, max(len(r) for r in responses))
+    input_ids = torch.full((n, p_width + r_width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, p_width + r_width), dtype=torch.long)
+    response_mask = torch.zeros((n, r_width))
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, p_width - len(p) : p_width] = torch.tensor(p, dtype=torch.long)
+        attention[i, p_width - len(p) : p_width + len(r)] = 1
+        if r:
+            input_ids[i, p_width : p_width + len(r)] = torch.tensor(r, dtype=torch.long)
+            response_mask[i, : len(r)] = 1.0
+    position_ids = (attention.cumsum(-1) - 1).clamp(min=0)
+    return TokenBatch(input_ids, attention, position_ids, input_ids[:, p_width:].clone(), response_mask)
+
+
+def response_logits(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
+    """Logits predicting each response token: [N, R, V] (float32)."""
+    r_width = batch.response_ids.shape[1]
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        logits_to_keep=r_width + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1].float()  # position P-1+t predicts response token t
+
+
+@torch.no_grad()
+def response_logprobs(
+    model: torch.nn.Module, completions: list[Completion], pad_id: int, temperature: float
+) -> list[list[float]]:
+    """Per-token logprobs of each completion's tokens under logits / temperature (teacher-forced, no grad)."""
+    batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], pad_id)
+    batch = batch.to(next(model.parameters()).device)
+    logits = response_logits(model, batch) / temperature  # [N, R, V]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # [N, R]
+    return [logp[i, : len(c.token_ids)].tolist() for i, c in enumerate(completions)]
+
+
+def encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of `messages` rendered by the chat template, ending with the assistant generation prompt."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -1,0 +1,396 @@
+"""The recipe grammar: typed, documented per field, validated before anything heavy loads.
+
+A recipe is one YAML file describing a whole continual sequence. Recipe-level blocks (`lora`, `rollout`, `optim`,
+`grpo`, `distill`, `hybrid`, `regularizers`) are defaults; each stage may override any field of them, and
+`resolve_recipe` deep-merges the defaults into every stage so a resolved `StageConfig` is complete on its own.
+Method-dependent defaults (teacher EMA rate, divergence α, skipped tokens) are filled in one place,
+`StageConfig._fill_method_defaults`.
+
+This module imports no torch: `adaptercl recipe validate` answers in well under a second. Errors are raised as
+`RecipeError` with one line naming the field path (stages are named by their `name`, not their index) and what
+is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+Method = Literal["grpo", "sdpo", "sdft", "hybrid"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+Support = Literal["full", "topk", "sampled"]
+TeacherKind = Literal["base", "stage_start", "ema", "lag", "trust_region"]
+MergeMethod = Literal["task_arithmetic", "ties", "dare_linear", "dare_ties"]
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+
+# Reference strings (DESIGN.md §4): lasgroup/SDPO reprompting and the SDFT repo's demonstration prompt.
+SDPO_REPROMPT = "{prompt}{solution}{feedback}\n\nCorrectly solve the original question."
+SDPO_SOLUTION = "\nCorrect solution:\n\n{successful_previous_attempt}"
+SDPO_FEEDBACK = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback_raw}"
+SDFT_DEMONSTRATION = (
+    "\n{question}\n\nThis is an example for a response to the question:\n{demonstration}\n\n"
+    "Now answer with a response of your own, including the thinking process.\n"
+)
+
+# The one table of method-dependent defaults: (teacher kind, EMA tau, divergence alpha, skipped first tokens).
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "grpo": {"teacher_kind": "base", "tau": 0.05, "alpha": 0.5, "skip_first_tokens": 0},
+    "sdpo": {"teacher_kind": "ema", "tau": 0.05, "alpha": 0.5, "skip_first_tokens": 0},
+    "sdft": {"teacher_kind": "ema", "tau": 0.01, "alpha": 0.0, "skip_first_tokens": 3},
+    "hybrid": {"teacher_kind": "stage_start", "tau": 0.05, "alpha": 1.0, "skip_first_tokens": 0},
+}
+
+
+class RecipeError(ValueError):
+    """A recipe problem, reported to the user as one line (never a traceback)."""
+
+
+class _Block(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Block):
+    name: str = Field(
+        description="Base model: a built-in alias ('tiny-random', 'smollm2-135m-instruct'), a hub id, a local "
+        "HF model folder, or a .gguf file (dequantised on load)."
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Compute dtype of the unquantised parts; auto = bfloat16 on CUDA, float32 on CPU."
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit) for hub ids.")
+    cache_dir: str | None = Field(
+        None, description="Where built-in models are materialised (default ~/.cache/adaptercl or $ADAPTERCL_CACHE)."
+    )
+
+
+class LoraConfig(_Block):
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: float = Field(32.0, gt=0, description="LoRA alpha; the update is scaled by alpha / r.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Module names (suffixes) that get LoRA, or 'all-linear'.",
+    )
+
+
+class RolloutConfig(_Block):
+    engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: plain transformers (reference) or vLLM.")
+    group_size: int = Field(8, ge=1, description="Samples per prompt (G). SDFT uses 1 sample per prompt.")
+    max_new_tokens: int = Field(256, ge=1, description="Longest sampled response, in tokens.")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature; logits are divided by it in losses.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    batch_size: int = Field(64, ge=1, description="Sequences per generate call (hf engine).")
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="vLLM: GPU memory fraction it may use.")
+    vllm_base: str | None = Field(
+        None,
+        description="vLLM: a rollout-side base (e.g. an AWQ checkpoint of the same model) when the vLLM "
+        "version cannot load the trainer's bitsandbytes base; rollouts become slightly off-policy.",
+    )
+
+
+class OptimConfig(_Block):
+    lr: float = Field(1e-5, gt=0.0, description="AdamW learning rate of the LoRA parameters.")
+    steps: int = Field(100, ge=1, description="Optimiser steps in the stage (a stage's `steps:` sets this).")
+    prompts_per_step: int = Field(4, ge=1, description="Distinct prompts per step; samples = prompts x group_size.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches each step's samples are split into for backward.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
+    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="LR schedule after warm-up.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+
+
+class GrpoConfig(_Block):
+    epsilon_low: float = Field(0.2, ge=0.0, lt=1.0, description="Lower clip: rho >= 1 - epsilon_low.")
+    epsilon_high: float = Field(0.28, ge=0.0, description="Upper clip (DAPO clip-higher): rho <= 1 + epsilon_high.")
+    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c for negative advantages.")
+    scale_rewards: bool = Field(False, description="Divide advantages by the group std (off = Dr.GRPO).")
+    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the base model (adapter disabled).")
+    aggregation: Aggregation = Field("token_mean", description="How token losses become one number.")
+    iterations: int = Field(1, ge=1, description="Optimisation passes over each batch of rollouts.")
+
+
+class TeacherConfig(_Block):
+    kind: TeacherKind | None = Field(None, description="Self-teacher; default depends on the method.")
+    tau: float | None = Field(None, gt=0.0, le=1.0, description="EMA rate; default 0.05 (SDPO) or 0.01 (SDFT).")
+    ema_rank: int | None = Field(None, ge=1, description="Rank of the EMA teacher adapter; default 2 x lora.r.")
+    lag_steps: int = Field(10, ge=1, description="`lag` teacher: hard copy of the student every N steps.")
+    trust_region_coef: float = Field(0.5, ge=0.0, le=1.0, description="`trust_region`: z = (1-c) z_ref + c z_s.")
+
+
+class DistillConfig(_Block):
+    alpha: float | None = Field(
+        None, ge=0.0, le=1.0, description="0 forward KL(q||p), 1 reverse KL(p||q), else generalized JSD."
+    )
+    support: Support = Field("topk", description="Vocabulary support of the divergence.")
+    topk: int = Field(100, ge=1, description="`topk` support: the student's top-k tokens.")
+    tail: bool = Field(True, description="`topk`: add the tail bucket (off = renormalise over the k tokens).")
+    mask_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Drop each response token from the loss w.p. this.")
+    is_cap: float = Field(2.0, gt=0.0, description="Cap of the per-token importance weights.")
+    skip_first_tokens: int | None = Field(None, ge=0, description="Response tokens skipped; default 3 for SDFT.")
+    success_threshold: float = Field(0.5, description="A sibling with reward >= this is a successful demonstration.")
+    use_feedback: bool = Field(True, description="SDPO: use reward feedback when no sibling succeeded.")
+    strip_think: bool = Field(True, description="Strip <think>...</think> from demonstrations.")
+    aggregation: Aggregation = Field("token_mean", description="How token losses become one number.")
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    reprompt_template: str = SDPO_REPROMPT
+    solution_template: str = SDPO_SOLUTION
+    feedback_template: str = SDPO_FEEDBACK
+    demonstration_template: str = SDFT_DEMONSTRATION
+
+
+class HybridConfig(_Block):
+    distill_weight: float = Field(0.1, ge=0.0, description="lambda: weight of the sparse distillation loss.")
+    distill_on: Literal["failed_groups", "high_entropy", "all"] = Field(
+        "failed_groups", description="Which tokens are distilled: groups with no success, top-q entropy, or all."
+    )
+    entropy_top_q: float = Field(0.2, gt=0.0, le=1.0, description="`high_entropy`: fraction of tokens distilled.")
+
+
+class RegularizerConfig(_Block):
+    kl_prev: float = Field(0.0, ge=0.0, description="KL to the previous stage's policy on the current rollouts.")
+    l2_prev: float = Field(0.0, ge=0.0, description="L2 between current dW and the previous stage's dW.")
+    orthogonal: float = Field(0.0, ge=0.0, description="O-LoRA: |A_new A_old^T|^2 against earlier adapters.")
+    replay_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="Share of prompts drawn from earlier domains.")
+
+
+class AdapterInitConfig(_Block):
+    init: Literal["new", "continue", "merge"] = Field(
+        "continue",
+        description="continue: train the previous adapter; new: fresh adapter over frozen earlier ones; "
+        "merge: start from a dW-space merge of earlier stage adapters.",
+    )
+    merge_method: MergeMethod = Field("task_arithmetic", description="`merge`: how earlier adapters are merged.")
+    merge_weights: list[float] | None = Field(None, description="`merge`: one weight per merged stage.")
+    merge_density: float = Field(1.0, gt=0.0, le=1.0, description="`merge`: TIES/DARE density.")
+
+
+class DomainConfig(_Block):
+    name: str = Field(description="Domain name, used in stages, metrics and exported adapter folders.")
+    source: str = Field(description="'builtin:NAME', a local .jsonl/.json/.parquet/.csv file, or a `datasets` hub id.")
+    format: str | None = Field(
+        None, description="Row format preset (e.g. gsm8k, sciknoweval, tooluse, arc, generic); builtin implies it."
+    )
+    fields: dict[str, str] = Field(
+        default_factory=dict, description="generic format: dataset field for prompt, answer, demonstration, system."
+    )
+    reward: str | None = Field(None, description="Reward name from the REWARDS table or 'pkg.module:function'.")
+    system_prompt: str | None = Field(None, description="System message put before every prompt.")
+    subset: str | None = Field(None, description="Hub dataset config name.")
+    train_split: str = Field("train", description="Hub split (or file) used for training.")
+    eval_split: str | None = Field("test", description="Hub split for evaluation; None = hold out from train.")
+    eval_file: str | None = Field(None, description="A separate local file for evaluation.")
+    num_train: int | None = Field(None, ge=1, description="Cap on training examples (builtin: how many to make).")
+    skip_malformed: bool = Field(False, description="Skip (and count) malformed rows instead of failing.")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not re.match(NAME_PATTERN, v):
+            raise ValueError(f"domain name {v!r} must match {NAME_PATTERN}")
+        return v
+
+
+class EvalConfig(_Block):
+    examples_per_domain: int = Field(50, ge=1, description="Greedy-evaluated examples per domain per stage.")
+    max_new_tokens: int | None = Field(None, ge=1, description="Default: rollout.max_new_tokens of the recipe.")
+    retention_probes: list[str] = Field(
+        default_factory=list, description="Domains evaluated after every stage but never trained."
+    )
+
+
+class StageConfig(_Block):
+    name: str = Field(description="Stage name; its directory is stage-NN-<name>.")
+    domain: str = Field(description="Name of the domain trained in this stage.")
+    method: Method = Field("grpo", description="Training method.")
+    adapter: AdapterInitConfig = Field(default_factory=AdapterInitConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    grpo: GrpoConfig = Field(default_factory=GrpoConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
+    hybrid: HybridConfig = Field(default_factory=HybridConfig)
+    regularizers: RegularizerConfig = Field(default_factory=RegularizerConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not re.match(NAME_PATTERN, v):
+            raise ValueError(f"stage name {v!r} must match {NAME_PATTERN}")
+        return v
+
+    @model_validator(mode="after")
+    def _fill_method_defaults(self) -> StageConfig:
+        defaults = METHOD_DEFAULTS[self.method]
+        teacher = self.distill.teacher
+        if teacher.kind is None:
+            teacher.kind = defaults["teacher_kind"]
+        if teacher.tau is None:
+            teacher.tau = defaults["tau"]
+        if teacher.ema_rank is None:
+            teacher.ema_rank = 2 * self.lora.r
+        if self.distill.alpha is None:
+            self.distill.alpha = defaults["alpha"]
+        if self.distill.skip_first_tokens is None:
+            self.distill.skip_first_tokens = defaults["skip_first_tokens"]
+        if self.distill.support == "sampled" and self.distill.alpha != 1.0:
+            raise ValueError("distill.support 'sampled' is reverse KL only: set distill.alpha to 1.0")
+        if self.method == "hybrid" and teacher.kind not in ("base", "stage_start", "trust_region"):
+            raise ValueError(
+                f"hybrid needs a frozen or trust-region teacher, got distill.teacher.kind {teacher.kind!r}; "
+                "use base, stage_start or trust_region"
+            )
+        if self.method == "sdft" and self.rollout.group_size != 1:
+            raise ValueError("sdft samples one response per prompt: set rollout.group_size to 1 for this stage")
+        return self
+
+
+class RecipeConfig(_Block):
+    model: ModelConfig
+    quantization: Literal["nf4", "none", "auto"] = Field(
+        "auto", description="nf4: bitsandbytes 4-bit base; none: bf16/fp32; auto: nf4 on CUDA, none on CPU."
+    )
+    domains: list[DomainConfig] = Field(min_length=1, description="Every domain trained or evaluated.")
+    stages: list[StageConfig] = Field(min_length=1, description="The continual sequence, in order.")
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    output_dir: str = Field(description="Run directory; rerunning into it resumes and skips finished stages.")
+    seed: int = Field(0, description="Seed of data order, sampling and initialisation.")
+
+    @model_validator(mode="after")
+    def _check_references(self) -> RecipeConfig:
+        domain_names = [d.name for d in self.domains]
+        _check_unique("domains", domain_names)
+        _check_unique("stages", [s.name for s in self.stages])
+        for stage in self.stages:
+            if stage.domain not in domain_names:
+                raise ValueError(
+                    f"stages.{stage.name}.domain: unknown domain {stage.domain!r}; defined: {', '.join(domain_names)}"
+                )
+        for probe in self.eval.retention_probes:
+            if probe not in domain_names:
+                raise ValueError(
+                    f"eval.retention_probes: unknown domain {probe!r}; defined: {', '.join(domain_names)}"
+                )
+        first = self.stages[0]
+        if first.adapter.init == "merge":
+            raise ValueError(f"stages.{first.name}.adapter.init: the first stage has nothing to merge; use new")
+        for i, stage in enumerate(self.stages):
+            weights = stage.adapter.merge_weights
+            if stage.adapter.init == "merge" and weights is not None and len(weights) != i:
+                raise ValueError(
+                    f"stages.{stage.name}.adapter.merge_weights: {len(weights)} weights for {i} earlier stages"
+                )
+        return self
+
+    def stage_dir_name(self, index: int) -> str:
+        """Directory name of stage `index` (0-based): stage-01-<name>."""
+        return f"stage-{index + 1:02d}-{self.stages[index].name}"
+
+    def domain(self, name: str) -> DomainConfig:
+        return next(d for d in self.domains if d.name == name)
+
+    @property
+    def eval_max_new_tokens(self) -> int:
+        return self.eval.max_new_tokens or self.stages[0].rollout.max_new_tokens
+
+
+STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid", "regularizers")
+
+
+def _check_unique(what: str, names: list[str]) -> None:
+    seen = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"{what}: name {n!r} is used twice")
+        seen.add(n)
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """A new dict: `override` on top of `base`, merging nested dicts key by key."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def resolve_recipe(raw: Any) -> RecipeConfig:
+    """Validate a raw recipe mapping and deep-merge recipe-level blocks into every stage."""
+    if not isinstance(raw, dict):
+        raise RecipeError(f"a recipe must be a YAML mapping of blocks, got {type(raw).__name__}")
+    raw = dict(raw)
+    stages = raw.get("stages")
+    if isinstance(stages, list):
+        defaults = {block: raw.pop(block) for block in STAGE_DEFAULT_BLOCKS if block in raw}
+        for block, value in defaults.items():
+            if not isinstance(value, dict):
+                raise RecipeError(f"{block}: must be a mapping of fields, got {value!r}")
+        resolved_stages = []
+        for stage in stages:
+            if not isinstance(stage, dict):
+                raise RecipeError(f"stages: each stage must be a mapping, got {stage!r}")
+            stage = dict(stage)
+            merged = {}
+            for block in STAGE_DEFAULT_BLOCKS:
+                if block in stage and not isinstance(stage[block], dict):
+                    raise RecipeError(f"stages.{stage.get('name', '?')}.{block}: must be a mapping of fields")
+                merged[block] = deep_merge(defaults.get(block, {}), stage.get(block, {}))
+            if "steps" in stage:
+                merged["optim"]["steps"] = stage.pop("steps")
+            stage.update(merged)
+            resolved_stages.append(stage)
+        raw["stages"] = resolved_stages
+    try:
+        return RecipeConfig.model_validate(raw)
+    except ValidationError as err:
+        raise RecipeError(format_validation_error(err, raw)) from None
+
+
+def format_validation_error(err: ValidationError, raw: dict) -> str:
+    """The first pydantic error as one line: dotted field path (stages by name), problem, allowed values."""
+    first = err.errors()[0]
+    loc = list(first["loc"])
+    path = []
+    node: Any = raw
+    model: Any = RecipeConfig
+    for i, part in enumerate(loc):
+        if isinstance(part, int) and isinstance(node, list) and part < len(node):
+            item = node[part]
+            label = item.get("name") if isinstance(item, dict) and isinstance(item.get("name"), str) else str(part)
+            path.append(label)
+            node = item
+            continue
+        path.append(str(part))
+        node = node.get(part) if isinstance(node, dict) else None
+        if i < len(loc) - 1:
+            model = _field_model(model, part)
+    where = ".".join(path) or "recipe"
+    msg = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        keys = list(model.model_fields) if model is not None else []
+        if model is RecipeConfig:
+            keys += STAGE_DEFAULT_BLOCKS
+        allowed = ", ".join(keys) if keys else "see the README"
+        return f"{where}: unknown key; allowed keys here: {allowed}"
+    if first["type"] == "missing":
+        return f"{where}: required field is missing"
+    if first["loc"] and first["type"] not in ("value_error", "assertion_error"):
+        return f"{where}: {msg} (got {first.get('input')!r})"
+    return f"{where}: {msg}" if where != "recipe" else msg
+
+
+def _field_model(model: Any, part: Any) -> Any:
+    """The pydantic model class of field `part` of `model` (lists unwrapped), or None."""
+    if model is None or isinstance(part, int):
+        return model
+    field = getattr(model, "model_fields", {}).get(part)
+    if field is None:
+        return None
+    annotation = field.annotation
+    for candidate in (annotation, *getattr(annotation, "__args__", ())):
+        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+            return candidate
+    return None

@@ -1,0 +1,55 @@
+"""Terminal presentation of a run: a rich progress bar per stage and the accuracy matrix as a table."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from adaptercl.config import RecipeConfig
+from adaptercl.recipe import RunResult, run_recipe
+
+
+def accuracy_table(result: RunResult, stage_names: list[str]) -> Table:
+    table = Table(title=f"accuracy matrix ({result.run_dir})")
+    table.add_column("after")
+    for name in result.domains:
+        table.add_column(name, justify="right")
+    for label, row in zip(stage_names, result.accuracy):
+        table.add_row(label, *(f"{a:.3f}" for a in row))
+    return table
+
+
+def run_with_progress(recipe: RecipeConfig, console: Console | None = None) -> RunResult:
+    console = console or Console(stderr=True)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+        transient=False,
+    )
+    tasks: dict[str, int] = {}
+
+    def on_event(kind: str, **info) -> None:
+        if kind == "model":
+            console.print(f"[bold]base model[/]: {info['description']}")
+        elif kind == "skip":
+            console.print(f"{info['stage']}: already done, skipped")
+        elif kind == "eval":
+            console.print(f"{info['stage']}: evaluating every domain")
+        elif kind == "stage":
+            label = f"{info['stage']} ({info['method']}, init {info['init']})"
+            tasks[info["stage"]] = progress.add_task(label, total=info["steps"], info="")
+        elif kind == "step":
+            m = info["metrics"]
+            text = f"reward {m['reward_mean']:.3f} correct {m['correct_frac']:.2f} len {m['response_len_mean']:.0f}"
+            progress.update(tasks[info["stage"]], completed=info["step"], info=text)
+
+    with progress:
+        result = run_recipe(recipe, on_event=on_event)
+    labels = ["before"] + [s.name for s in recipe.stages]
+    Console().print(accuracy_table(result, labels))
+    return result

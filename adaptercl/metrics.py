@@ -1,0 +1,344 @@
+"""Continual-learning metrics and drift diagnostics (DESIGN.md §5), as pure functions of tensors and numbers.
+
+What this module owns:
+- `cl_metrics`: ACC, average accuracy, BWT, FWT, forgetting, plasticity and retention-probe change from an
+  accuracy matrix a[k, j] (row k = after stage k, row 0 = before training; column j = domain or probe).
+- Parameter drift of one module against its base weight W0 (dequantised for a 4-bit base):
+  `relative_delta_norm`, `spectral_shift`, `principal_angle`, all three via `parameter_drift` (one SVD each of W0
+  and W0 + ΔW), and `aggregate_drift` over modules.
+- Response drift on probe prompts: `token_kl`, `token_js`, `mean_entropy`, `repeated_ngram_rate`, `pattern_rate`.
+
+Nothing here touches a model, a file or a config: `evaluate.py` builds the accuracy matrix, `adapters.py` the ΔW,
+the probe runner the log-probs; results are JSON-ready Python floats (None where a metric is undefined).
+
+Conventions: natural-log units (nats) for KL / JS / entropy. A mean over an empty set of tokens or texts is NaN
+(never 0, which would read as "no drift" or "entropy collapse").
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+# --------------------------------------------------------------------------------------------------------------
+# Continual-learning metrics over the accuracy matrix
+# --------------------------------------------------------------------------------------------------------------
+
+
+def cl_metrics(acc: list[list[float]] | Tensor, trained_columns: list[int] | None = None) -> dict:
+    """CL metrics from a[k, c] = accuracy on column c after stage k; shape [T + 1, D], row 0 = before training.
+
+    Stage k (1-based) trains column c_k = trained_columns[k - 1] (default c_k = k − 1). Columns never trained are
+    retention probes, reported separately. With every domain trained once, the definitions are exactly DESIGN.md
+    §5 with a_{k,j} read as a[k, c_j]:
+
+    - acc (ACC, "last")      = mean over trained domains c of a[T, c]
+    - average_accuracy       = mean_{k=1..T} ( mean over domains trained in stages 1..k of a[k, c] )
+                               (the accuracy on everything seen so far, averaged over the stages; "A_avg")
+    - bwt                    = mean_{j<T} (a[T, c_j] − a[j, c_j])                 None when T = 1
+    - forgetting (per domain)  F_j = max_{0<=k<T} a[k, c_j] − a[T, c_j], for j < T; `forgetting` is its mean,
+                               None when T = 1. k starts at 0: losing a skill the base already had counts too.
+    - fwt                    = mean_j (a[j−1, c_j] − a[0, c_j])     (j = 1 contributes 0 by construction)
+    - plasticity             = mean_j (a[j, c_j] − a[j−1, c_j])
+
+    A domain trained in several stages (c_k repeated) is handled per domain: bwt and forgetting use its *last*
+    training stage l(c) and cover the domains with l(c) < T; fwt uses its *first* stage f(c), a[f−1, c] − a[0, c];
+    plasticity averages over stages (each training event's own gain).
+
+    Retention probes: per probe {column, before = a[0, c], after = a[T, c], change = after − before,
+    min = min_k a[k, c]}, plus mean_before / mean_after / mean_change (None when there are no probes).
+    """
+    a = torch.as_tensor(acc, dtype=torch.float64)  # [T+1, D]
+    if a.dim() != 2 or a.shape[0] < 2:
+        raise ValueError(f"accuracy matrix must be [T+1, D] with T >= 1 stages, got shape {list(a.shape)}")
+    num_stages, num_columns = a.shape[0] - 1, a.shape[1]
+    cols = list(range(num_stages)) if trained_columns is None else [int(c) for c in trained_columns]
+    if len(cols) != num_stages:
+        raise ValueError(f"{num_stages} stages (rows after row 0) but {len(cols)} trained_columns")
+    if any(not 0 <= c < num_columns for c in cols):
+        raise ValueError(f"trained_columns {cols} out of range for {num_columns} columns")
+    T = num_stages
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    domains = list(dict.fromkeys(cols))  # trained columns in first-trained order
+    first = {c: cols.index(c) + 1 for c in domains}  # stage that first trained c (1-based)
+    last = {c: T - cols[::-1].index(c) for c in domains}  # stage that last trained c (1-based)
+
+    per_domain = []
+    for c in domains:
+        f, lst = first[c], last[c]
+        earlier_best = a[:T, c].max().item()  # max_{0<=k<T} a[k, c]
+        per_domain.append(
+            {
+                "column": c,
+                "first_stage": f,
+                "last_stage": lst,
+                "before": a[0, c].item(),
+                "after_training": a[lst, c].item(),  # a[l(c), c]
+                "final": a[T, c].item(),
+                "fwt": a[f - 1, c].item() - a[0, c].item(),
+                "bwt": a[T, c].item() - a[lst, c].item() if lst < T else None,
+                "forgetting": earlier_best - a[T, c].item() if lst < T else None,
+            }
+        )
+    per_stage = [
+        {"stage": k, "column": cols[k - 1], "plasticity": a[k, cols[k - 1]].item() - a[k - 1, cols[k - 1]].item()}
+        for k in range(1, T + 1)
+    ]
+    stage_means = []
+    for k in range(1, T + 1):
+        seen = list(dict.fromkeys(cols[:k]))
+        stage_means.append(sum(a[k, c].item() for c in seen) / len(seen))
+
+    probes = [
+        {
+            "column": c,
+            "before": a[0, c].item(),
+            "after": a[T, c].item(),
+            "change": a[T, c].item() - a[0, c].item(),
+            "min": a[:, c].min().item(),
+        }
+        for c in range(num_columns)
+        if c not in first
+    ]
+    return {
+        "num_stages": T,
+        "trained_columns": cols,
+        "acc": mean([a[T, c].item() for c in domains]),
+        "average_accuracy": mean(stage_means),
+        "bwt": mean([d["bwt"] for d in per_domain if d["bwt"] is not None]),
+        "fwt": mean([d["fwt"] for d in per_domain]),
+        "forgetting": mean([d["forgetting"] for d in per_domain if d["forgetting"] is not None]),
+        "plasticity": mean([s["plasticity"] for s in per_stage]),
+        "per_domain": per_domain,
+        "per_stage": per_stage,
+        "retention": {
+            "probes": probes,
+            "mean_before": mean([p["before"] for p in probes]),
+            "mean_after": mean([p["after"] for p in probes]),
+            "mean_change": mean([p["change"] for p in probes]),
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Parameter drift of one module: W0 [out, in] (base) and ΔW [out, in]
+# --------------------------------------------------------------------------------------------------------------
+
+PrincipalAngleSide = Literal["left", "right", "both"]
+
+
+def _as_matrix(t: Tensor, dtype: torch.dtype, device: str | torch.device) -> Tensor:
+    if t.dim() != 2:
+        raise ValueError(f"expected a weight matrix [out, in], got shape {list(t.shape)}")
+    return t.detach().to(device=device, dtype=dtype)
+
+
+def _largest_angle(q1: Tensor, q2: Tensor) -> float:
+    """Largest principal angle (radians) between the spans of two orthonormal bases [m, k].
+
+    Same algorithm as scipy.linalg.subspace_angles: arccos of the smallest cosine is inaccurate for small angles,
+    so below 45° the angle is arcsin of the largest sine, ‖q2 − q1 q1ᵀ q2‖_2.
+    """
+    overlap = q1.T @ q2  # [k, k]
+    cos_min = torch.linalg.svdvals(overlap)[-1].clamp(0.0, 1.0).item()
+    if cos_min**2 >= 0.5:
+        sin_max = torch.linalg.svdvals(q2 - q1 @ overlap)[0].clamp(0.0, 1.0).item()  # svdvals of [m, k]
+        return math.asin(sin_max)
+    return math.acos(cos_min)
+
+
+def _subspace_angles(U0: Tensor, Vh0: Tensor, U1: Tensor, Vh1: Tensor, k: int) -> tuple[float, float]:
+    """(left, right) largest angles between top-k subspaces; U [out, m], Vh [m, in]."""
+    k = min(k, U0.shape[1])
+    left = _largest_angle(U0[:, :k], U1[:, :k])  # output (column) space
+    right = _largest_angle(Vh0[:k].T, Vh1[:k].T)  # input (row) space
+    return left, right
+
+
+def relative_delta_norm(w0: Tensor, delta: Tensor) -> float:
+    """‖ΔW‖_F / ‖W0‖_F, in float64 on CPU."""
+    w0_, delta_ = _as_matrix(w0, torch.float64, "cpu"), _as_matrix(delta, torch.float64, "cpu")
+    if not delta_.any():
+        return 0.0
+    return (torch.linalg.matrix_norm(delta_) / torch.linalg.matrix_norm(w0_)).item()
+
+
+def spectral_shift(w0: Tensor, delta: Tensor) -> float:
+    """Normalised spectral shift ‖σ(W0 + ΔW) − σ(W0)‖_2 / ‖σ(W0)‖_2 (singular values sorted), float64 on CPU."""
+    w0_, delta_ = _as_matrix(w0, torch.float64, "cpu"), _as_matrix(delta, torch.float64, "cpu")
+    if not delta_.any():
+        return 0.0
+    s0 = torch.linalg.svdvals(w0_)  # [m]
+    s1 = torch.linalg.svdvals(w0_ + delta_)  # [m]
+    return (torch.linalg.vector_norm(s1 - s0) / torch.linalg.vector_norm(s0)).item()
+
+
+def principal_angle(w0: Tensor, delta: Tensor, k: int = 8, side: PrincipalAngleSide = "both") -> float:
+    """Largest principal angle (radians, in [0, π/2]) between the top-k singular subspaces of W0 and W0 + ΔW.
+
+    side="left": left singular vectors (the output space, columns of W [out, in]); "right": right singular vectors
+    (the input space); "both" (default): the larger of the two. k is clamped to min(out, in). The top-k subspace is
+    ill-defined when σ_k = σ_{k+1}; with real weights that does not happen. float64 on CPU.
+    """
+    w0_, delta_ = _as_matrix(w0, torch.float64, "cpu"), _as_matrix(delta, torch.float64, "cpu")
+    if not delta_.any():
+        return 0.0
+    U0, _, Vh0 = torch.linalg.svd(w0_, full_matrices=False)  # [out, m], [m], [m, in]
+    U1, _, Vh1 = torch.linalg.svd(w0_ + delta_, full_matrices=False)
+    left, right = _subspace_angles(U0, Vh0, U1, Vh1, k)
+    return {"left": left, "right": right, "both": max(left, right)}[side]
+
+
+def parameter_drift(
+    w0: Tensor,
+    delta: Tensor,
+    k: int = 8,
+    dtype: torch.dtype = torch.float64,
+    device: str | torch.device = "cpu",
+) -> dict[str, float]:
+    """All drift metrics of one module from one SVD of W0 and one of W0 + ΔW.
+
+    Returns relative_delta_norm, spectral_shift, principal_angle (max of both sides), principal_angle_left and
+    principal_angle_right (see the single-metric functions). Computed in float64 on CPU by default; pass
+    dtype=torch.float32 / device="cuda" to trade accuracy for speed on large models. ΔW = 0 gives exactly 0.
+    """
+    w0_, delta_ = _as_matrix(w0, dtype, device), _as_matrix(delta, dtype, device)
+    if not delta_.any():
+        keys = (
+            "relative_delta_norm",
+            "spectral_shift",
+            "principal_angle",
+            "principal_angle_left",
+            "principal_angle_right",
+        )
+        return dict.fromkeys(keys, 0.0)
+    U0, s0, Vh0 = torch.linalg.svd(w0_, full_matrices=False)  # [out, m], [m], [m, in]
+    U1, s1, Vh1 = torch.linalg.svd(w0_ + delta_, full_matrices=False)
+    left, right = _subspace_angles(U0, Vh0, U1, Vh1, k)
+    return {
+        "relative_delta_norm": (torch.linalg.matrix_norm(delta_) / torch.linalg.matrix_norm(w0_)).item(),
+        "spectral_shift": (torch.linalg.vector_norm(s1 - s0) / torch.linalg.vector_norm(s0)).item(),
+        "principal_angle": max(left, right),
+        "principal_angle_left": left,
+        "principal_angle_right": right,
+    }
+
+
+def aggregate_drift(
+    per_module: dict[str, dict[str, float]], weights: dict[str, int] | None = None
+) -> dict[str, float]:
+    """Mean and max of each drift metric over modules: {"<metric>_mean": ..., "<metric>_max": ...}.
+
+    `weights` (e.g. parameter counts per module) makes the mean a weighted mean; every module needs a weight.
+    Empty input gives {}.
+    """
+    if not per_module:
+        return {}
+    names = list(per_module)
+    if weights is not None and (missing := [n for n in names if n not in weights]):
+        raise ValueError(f"no weight for modules {missing}")
+    w = [float(weights[n]) if weights is not None else 1.0 for n in names]
+    metrics = list(dict.fromkeys(m for n in names for m in per_module[n]))
+    out: dict[str, float] = {}
+    for metric in metrics:
+        pairs = [(per_module[n][metric], wi) for n, wi in zip(names, w) if metric in per_module[n]]
+        out[f"{metric}_mean"] = sum(v * wi for v, wi in pairs) / sum(wi for _, wi in pairs)
+        out[f"{metric}_max"] = max(v for v, _ in pairs)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Response drift on probe prompts
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _masked_mean(values: Tensor, mask: Tensor) -> float:
+    """Mean of values [N, T] over mask [N, T] (bool or 0/1); NaN when the mask is empty."""
+    m = mask.to(values.dtype)  # [N, T]
+    count = m.sum()
+    if count == 0:
+        return float("nan")
+    return ((values * m).sum() / count).item()
+
+
+def _kl_per_token(logp_p: Tensor, logp_q: Tensor) -> Tensor:
+    """KL(p‖q) = Σ_v p_v (log p_v − log q_v) per token; [N, T, V] -> [N, T]. Terms with p_v = 0 are 0."""
+    p = logp_p.exp()  # [N, T, V]
+    terms = torch.where(p > 0, p * (logp_p - logp_q), torch.zeros_like(p))  # [N, T, V]
+    return terms.sum(dim=-1)  # [N, T]
+
+
+def token_kl(logp_p: Tensor, logp_q: Tensor, mask: Tensor) -> float:
+    """Mean over masked tokens of KL(p‖q) over the full vocabulary, in nats.
+
+    logp_p, logp_q: normalised log-probs [N, T, V] (e.g. current policy and base on the same tokens); mask [N, T].
+    """
+    if logp_p.shape != logp_q.shape or logp_p.shape[:-1] != mask.shape:
+        raise ValueError(f"shapes differ: p {list(logp_p.shape)}, q {list(logp_q.shape)}, mask {list(mask.shape)}")
+    return _masked_mean(_kl_per_token(logp_p.float(), logp_q.float()), mask)
+
+
+def token_js(logp_p: Tensor, logp_q: Tensor, mask: Tensor) -> float:
+    """Mean over masked tokens of JS(p, q) = ½ KL(p‖m) + ½ KL(q‖m), m = (p + q) / 2, in nats (at most ln 2).
+
+    Shapes as in `token_kl`.
+    """
+    if logp_p.shape != logp_q.shape or logp_p.shape[:-1] != mask.shape:
+        raise ValueError(f"shapes differ: p {list(logp_p.shape)}, q {list(logp_q.shape)}, mask {list(mask.shape)}")
+    lp, lq = logp_p.float(), logp_q.float()
+    logp_m = torch.logaddexp(lp, lq) - math.log(2.0)  # [N, T, V]
+    js = 0.5 * _kl_per_token(lp, logp_m) + 0.5 * _kl_per_token(lq, logp_m)  # [N, T]
+    return _masked_mean(js, mask)
+
+
+def mean_entropy(logits: Tensor, mask: Tensor) -> float:
+    """Mean over masked tokens of the policy entropy H = −Σ_v p_v log p_v, in nats.
+
+    logits [N, T, V] (already divided by the sampling temperature if that is the policy of interest); mask [N, T].
+    """
+    if logits.shape[:-1] != mask.shape:
+        raise ValueError(f"shapes differ: logits {list(logits.shape)}, mask {list(mask.shape)}")
+    logp = torch.log_softmax(logits.float(), dim=-1)  # [N, T, V]
+    p = logp.exp()
+    entropy = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)  # [N, T]
+    return _masked_mean(entropy, mask)
+
+
+def repeated_ngram_rate(token_ids: list[int], n: int = 4) -> float:
+    """Fraction of the n-grams of one sequence that repeat an earlier n-gram of the same sequence.
+
+    n-grams are taken at every position (overlapping), so [7, 7, 7, 7, 7] with n = 2 has 4 bigrams of which 3
+    repeat: 0.75. A sequence shorter than n has no n-grams and gives 0.0 (no repetition), so averaging over
+    sequences stays finite.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    ids = [int(t) for t in token_ids]
+    ngrams = [tuple(ids[i : i + n]) for i in range(len(ids) - n + 1)]
+    if not ngrams:
+        return 0.0
+    seen: set[tuple[int, ...]] = set()
+    repeats = 0
+    for gram in ngrams:
+        repeats += gram in seen
+        seen.add(gram)
+    return repeats / len(ngrams)
+
+
+def pattern_rate(texts: list[str], patterns: list[str]) -> float:
+    """Fraction of texts in which any of the regular expressions matches (re.search), e.g. [r"\\\\boxed"].
+
+    Used for another domain's format tokens leaking into answers (DESIGN.md §5). NaN for no texts.
+    """
+    if not texts:
+        return float("nan")
+    compiled = [re.compile(p) for p in patterns]
+    hits = sum(any(rx.search(text) for rx in compiled) for text in texts)
+    return hits / len(texts)

@@ -1,0 +1,43 @@
+"""Rollout engines: prompts + adapters + sampling parameters -> completions with token ids and logprobs.
+
+Two engines implement `RolloutEngine`: `hf` (plain transformers `generate` on the training model itself, the
+CPU reference and always exactly on-policy) and `vllm` (multi-LoRA serving; see `adaptercl.rollout.vllm`).
+`ENGINES` maps the recipe's `rollout.engine` to a constructor.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1  # completions per prompt
+    greedy: bool = False  # argmax decoding (temperature/top_p ignored)
+    seed: int = 0
+    logprobs: bool = False  # also return per-token logprobs of the sampled tokens under logits / temperature
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    token_ids: list[int]  # response tokens, including the stop token when generation stopped on it
+    text: str  # decoded response without special tokens
+    finish_reason: str  # "stop" or "length"
+    logprobs: list[float] | None = field(default=None)  # one per token_ids entry, when asked for
+
+
+class RolloutEngine(Protocol):
+    def generate(
+        self, prompts: list[list[int]], adapters: list[str] | None, params: SamplingParams
+    ) -> list[list[Completion]]:
+        """`params.n` completions for each prompt under the named adapters (None or [] = the base model)."""
+        ...
+
+    def sync_adapters(self, names: list[str]) -> None:
+        """Make the current weights of these adapters visible to the engine (no-op for in-process engines)."""
+        ...

