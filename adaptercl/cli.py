@@ -3,6 +3,7 @@
     adaptercl recipe run FILE [key=value ...]       run or resume a continual sequence
     adaptercl recipe validate FILE [key=value ...]  check a recipe without loading anything heavy
     adaptercl recipe show FILE [key=value ...]      print the resolved recipe (defaults merged into stages)
+    adaptercl report RUN_DIR                        write RUN_DIR/report.md and plots/
 
 Every subcommand parses, calls one function and returns an exit code. Recipe and input problems
 (`RecipeError`) print one line `error: ...` and exit 2, never a traceback.
@@ -32,11 +33,18 @@ def main(argv: list[str] | None = None) -> int:
         p = recipe.add_parser(action, help=help_text)
         p.add_argument("file", help="recipe YAML file")
         p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. stages.math.optim.lr=5e-6")
+    report = sub.add_parser("report", help="write report.md and plots for a run directory")
+    report.add_argument("run_dir", help="a run directory (output_dir of a recipe)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("ADAPTERCL_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "recipe":
             return _recipe(args)
+        if args.command == "report":
+            from adaptercl.report import write_report
+
+            print(write_report(args.run_dir))
+            return 0
     except RecipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -88,6 +88,20 @@ class RolloutConfig(_Block):
         description="vLLM: a rollout-side base (e.g. an AWQ checkpoint of the same model) when the vLLM "
         "version cannot load the trainer's bitsandbytes base; rollouts become slightly off-policy.",
     )
+    max_loras: int | None = Field(
+        None, ge=1, description="vLLM: GPU adapter slots (each request serves one combined adapter); default 2."
+    )
+    max_lora_rank: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM: largest adapter rank served; default: the largest combined rank the recipe needs.",
+    )
+    enable_sleep_mode: bool = Field(
+        True, description="vLLM on CUDA: free the engine's GPU memory around each optimiser step (sleep level 1)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, description="vLLM: longest prompt + response in tokens; default the model's own, at most 8192."
+    )
 
 
 class OptimConfig(_Block):
@@ -273,6 +287,13 @@ class RecipeConfig(_Block):
                     f"eval.retention_probes: unknown domain {probe!r}; defined: {', '.join(domain_names)}"
                 )
         first = self.stages[0]
+        for stage in self.stages[1:]:  # one rollout engine serves the whole run
+            for key in ENGINE_FIELDS:
+                if getattr(stage.rollout, key) != getattr(first.rollout, key):
+                    raise ValueError(
+                        f"stages.{stage.name}.rollout.{key}: the rollout engine is shared by every stage; set "
+                        f"rollout.{key} once at recipe level (stage {first.name} has {getattr(first.rollout, key)!r})"
+                    )
         if first.adapter.init == "merge":
             raise ValueError(f"stages.{first.name}.adapter.init: the first stage has nothing to merge; use new")
         for i, stage in enumerate(self.stages):
@@ -295,6 +316,16 @@ class RecipeConfig(_Block):
         return self.eval.max_new_tokens or self.stages[0].rollout.max_new_tokens
 
 
+# Rollout fields that configure the run's one engine, so they must agree across stages.
+ENGINE_FIELDS = (
+    "engine",
+    "gpu_memory_utilization",
+    "vllm_base",
+    "max_loras",
+    "max_lora_rank",
+    "enable_sleep_mode",
+    "max_model_len",
+)
 STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid", "regularizers")
 
 

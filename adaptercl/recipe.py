@@ -5,8 +5,11 @@ Run directory layout (every file written atomically; `done.json` is written last
     recipe.resolved.yaml
     stage-00-before/eval.json, done.json        row 0 of the accuracy matrix (before any training)
     stage-NN-<name>/adapter/                    this stage's own adapter (PEFT format)
+                    teacher/                    sdpo/sdft/hybrid: the self-teacher at stage end (teacher.json +
+                                                adapter/ in PEFT format; `teacher.restore_teacher` loads it)
                     metrics.jsonl eval.json done.json
-    summary.json                                accuracy matrix and per-stage adapters
+    summary.json                                accuracy matrix, CL metrics (ACC, BWT, FWT, forgetting, ...)
+    report.md, plots/                           the run report (`adaptercl report RUN_DIR` rebuilds it)
 
 Rerunning into the same directory skips finished stages (their adapters are loaded from disk), so a finished
 run is a no-op and an interrupted one continues with the first unfinished stage. Running a different recipe
@@ -100,23 +103,44 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
     from adaptercl import adapters as ad
     from adaptercl.domains import load_domain
     from adaptercl.evaluate import evaluate_all
+    from adaptercl.metrics import cl_metrics
     from adaptercl.model import load_base
+    from adaptercl.report import write_report
     from adaptercl.rollout.hf import HFEngine
     from adaptercl.stage import StageContext, run_stage
+    from adaptercl.teacher import DISTILL_METHODS, create_teacher
 
     notify = on_event or (lambda kind, **info: None)
     run_dir = Path(recipe.output_dir)
     _claim_run_dir(run_dir, recipe)
+    finished = _finished_run(run_dir, recipe)
+    if finished is not None:  # every stage is done: nothing to load, nothing to write
+        for i in range(len(recipe.stages)):
+            notify("skip", stage=recipe.stage_dir_name(i))
+        return finished
     torch.manual_seed(recipe.seed)
     domains = [load_domain(d, recipe.seed, recipe.eval.examples_per_domain) for d in recipe.domains]
     by_name = {d.name: d for d in domains}
+    rollout = recipe.stages[0].rollout  # the engine settings are the same in every stage (config validates)
+    if rollout.engine == "vllm":
+        from adaptercl.rollout.vllm import VLLMEngine, require_vllm
+
+        require_vllm()  # a one-line error before the base loads
     base = load_base(recipe.model, recipe.quantization)
     notify("model", description=base.description)
     model, tok = base.model, base.tokenizer
     max_eval_tokens = recipe.eval_max_new_tokens
+    vllm_engine = None
 
-    def engine_for(model):  # the hf engine runs on the live training model
-        return HFEngine(model, tok, batch_size=recipe.stages[0].rollout.batch_size)
+    def engine_for(model):  # the hf engine runs on the live training model; the vllm engine is one per run
+        nonlocal vllm_engine
+        if rollout.engine == "hf":
+            return HFEngine(model, tok, batch_size=rollout.batch_size)
+        if vllm_engine is None:
+            vllm_engine = VLLMEngine.from_recipe(recipe, base, model)
+            notify("engine", description=vllm_engine.description)
+        vllm_engine.model = model  # the first adapter wraps the base in a PeftModel
+        return vllm_engine
 
     rows: list[dict] = []
     before = run_dir / BEFORE_DIR
@@ -153,6 +177,10 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
         ad.use_adapters(model, [*frozen, name], trainable=name)
         stage_dir.mkdir(parents=True, exist_ok=True)
         (stage_dir / "metrics.jsonl").unlink(missing_ok=True)
+        # the self-teacher starts from the student as it is now; saved with the stage, then removed from the model
+        teacher = (
+            create_teacher(model, name, frozen, stage.distill.teacher) if stage.method in DISTILL_METHODS else None
+        )
         ctx = StageContext(
             recipe=recipe,
             index=i,
@@ -164,12 +192,16 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
             frozen=frozen,
             stage_dir=stage_dir,
             on_step=lambda step, m, _n=name: notify("step", stage=_n, step=step, metrics=m),
+            teacher=teacher,
         )
         notify("stage", stage=name, steps=stage.optim.steps, method=stage.method, init=stage.adapter.init)
         t0 = time.perf_counter()
         final = run_stage(ctx)
         ad.set_trainable(model, None)
         ad.save_adapter(model, name, stage_dir / "adapter")
+        if teacher is not None:
+            teacher.save(model, stage_dir / "teacher")
+            teacher.remove(model)
         model_adapters = [*frozen, name]
         notify("eval", stage=name)
         row = evaluate_all(
@@ -183,6 +215,8 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
         history.append(model_adapters)
         rows.append(row)
 
+    if vllm_engine is not None:
+        vllm_engine.close()
     names = [d.name for d in recipe.domains]
     accuracy = [[row[n]["accuracy"] for n in names] for row in rows]
     write_json(
@@ -192,9 +226,21 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
             "stages": [BEFORE_DIR] + [recipe.stage_dir_name(i) for i in range(len(recipe.stages))],
             "accuracy": accuracy,
             "stage_adapters": history,
+            "cl_metrics": cl_metrics(accuracy, [names.index(s.domain) for s in recipe.stages]),
         },
     )
+    write_report(run_dir)
     return RunResult(run_dir=run_dir, domains=names, accuracy=accuracy, stage_adapters=history)
+
+
+def _finished_run(run_dir: Path, recipe: RecipeConfig) -> RunResult | None:
+    """The result of a run whose every stage and summary are on disk, else None."""
+    summary = run_dir / "summary.json"
+    stages_done = all((run_dir / recipe.stage_dir_name(i) / "done.json").is_file() for i in range(len(recipe.stages)))
+    if not (stages_done and summary.is_file()):
+        return None
+    data = json.loads(summary.read_text())
+    return RunResult(run_dir, data["domains"], data["accuracy"], data["stage_adapters"])
 
 
 def _claim_run_dir(run_dir: Path, recipe: RecipeConfig) -> None:

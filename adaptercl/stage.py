@@ -2,8 +2,18 @@
 
 `run_stage` trains the student adapter of one stage on its domain with the stage's method:
 - grpo: group sampling, Dr.GRPO advantages, clipped ratio, optional k3 KL to the base (DESIGN.md §4);
-- sdpo / sdft / hybrid: the same loop, with a self-teacher's logits on a teacher prompt (see `teacher.py`)
-  distilled into the student; hybrid adds the distillation term with weight lambda on top of GRPO.
+- sdpo / sdft: the same loop, with the self-teacher's logits (`ctx.teacher`, see `teacher.py`) on a teacher
+  prompt distilled into the student on the same sampled responses. The distillation loss replaces the GRPO loss
+  (as the released SDPO code; advantages unused). SDPO's teacher prompt shows a successful sibling or the reward
+  feedback; SDFT's shows the example's demonstration (one sample per prompt). After each optimiser step the
+  teacher follows the student (`Teacher.update`: EMA of ΔW or a periodic copy). A step without any distilled
+  token (SDPO with no success and no feedback) has no gradient and makes no optimiser step; `teacher_target_frac`
+  and `skipped_step` record it;
+- hybrid: the loss is already composed as GRPO + `hybrid.distill_weight` x distillation on the token mask; the
+  `hybrid.distill_on` token selection is not written yet, so hybrid stages are refused for now.
+
+Memory: student and teacher logits are full-vocabulary [n_mb, R, V] float32 per micro-batch (two more for the
+trust-region teacher); `grad_accum` bounds n_mb. Chunking the divergence over R is future work for large vocabularies.
 
 The data order and sampling seeds are pure functions of (recipe seed, stage index, step), so a stage resumed
 from a checkpoint draws the same prompts as an uninterrupted one. Token losses are aggregated with the batch-
@@ -27,8 +37,11 @@ from adaptercl.adapters import active_adapters, lora_parameters
 from adaptercl.atomic import append_line
 from adaptercl.batching import TokenBatch, build_batch, encode_chat, response_logits
 from adaptercl.config import RecipeConfig, StageConfig
-from adaptercl.domains import Domain
+from adaptercl.domains import Domain, Example, RewardResult
 from adaptercl.rollout import Completion, RolloutEngine, SamplingParams
+from adaptercl.teacher import DISTILL_METHODS, Teacher, sdft_teacher_prompts, sdpo_teacher_prompts
+
+GRPO_LOSS_METHODS = ("grpo", "hybrid")  # methods whose loss has the clipped policy-gradient term
 
 
 @dataclass
@@ -45,6 +58,7 @@ class StageContext:
     frozen: list[str] = field(default_factory=list)  # earlier adapters active (frozen) under the student
     stage_dir: Path = Path(".")
     on_step: Any = None  # callback(step, metrics) for progress display
+    teacher: Teacher | None = None  # the self-teacher of sdpo/sdft/hybrid stages (teacher.create_teacher)
 
     @property
     def stage(self) -> StageConfig:
@@ -90,6 +104,10 @@ def make_optimizer(ctx: StageContext) -> tuple[torch.optim.Optimizer, torch.opti
 def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=None) -> dict[str, float]:
     """Train `ctx.student` for the stage's steps; append one JSON line per step to metrics.jsonl."""
     stage, model, tok = ctx.stage, ctx.model, ctx.tokenizer
+    if stage.method == "hybrid":  # the loss below already composes GRPO + lambda * distillation on a token mask
+        raise NotImplementedError("hybrid stages need the hybrid.distill_on token selection, not written yet")
+    if stage.method in DISTILL_METHODS and ctx.teacher is None:
+        raise ValueError(f"a {stage.method} stage needs ctx.teacher (see teacher.create_teacher)")
     if optimizer is None:
         optimizer, scheduler = make_optimizer(ctx)
     metrics_path = ctx.stage_dir / "metrics.jsonl"
@@ -110,6 +128,7 @@ def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=
             top_p=stage.rollout.top_p,
             n=group,
             seed=step_seed(ctx.recipe.seed, ctx.index, step),
+            logprobs=stage.rollout.engine != "hf",  # hf samples from the trained weights themselves: on-policy
         )
         groups = ctx.engine.generate(prompt_ids, ctx.policy_adapters, params)
         completions = [c for g in groups for c in g]  # [N] group-contiguous, N = prompts x G
@@ -120,12 +139,27 @@ def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=
         results = [ctx.domain.reward(c.text, ex) for c, ex in zip(completions, samples)]
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)  # [N]
         advantages = losses.group_advantages(rewards, group, scale_by_std=stage.grpo.scale_rewards)  # [N]
-
-        # ---- loss and optimiser step
         batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], tok.pad_token_id)
+
+        # ---- teacher: the same responses behind the teacher's prompts, and which tokens are distilled
+        targets = None
+        if stage.method in DISTILL_METHODS:
+            targets = distill_targets(ctx, step, samples, completions, results, batch).to(device)
+
+        # ---- loss and optimiser step, then the teacher follows the student (ema, lag)
         model.train()
-        train_stats = _train_on_batch(ctx, batch.to(device), advantages.to(device), optimizer)
+        rollout_logp = _rollout_logprobs(completions, batch)
+        train_stats = _train_on_batch(
+            ctx,
+            batch.to(device),
+            advantages.to(device),
+            optimizer,
+            targets,
+            None if rollout_logp is None else rollout_logp.to(device),
+        )
         scheduler.step()
+        if ctx.teacher is not None:
+            ctx.teacher.update(model)
 
         # ---- log
         last = {
@@ -134,30 +168,105 @@ def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=
             "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
             "correct_frac": sum(r.correct for r in results) / len(results),
             "zero_variance_groups": losses.zero_variance_group_fraction(rewards, group),
+            **(targets.stats if targets is not None else {}),
             **train_stats,
             **_length_stats(completions),
             "lr": scheduler.get_last_lr()[0],
             "time_rollout_s": t_rollout,
             "time_step_s": time.perf_counter() - t0,
         }
+        if ctx.teacher is not None and ctx.teacher.kind == "ema":
+            last["teacher_ema_dropped"] = ctx.teacher.ema_dropped
         append_line(metrics_path, json.dumps(last))
         if ctx.on_step is not None:
             ctx.on_step(step + 1, last)
     return last
 
 
+@dataclass
+class DistillTargets:
+    """What the distillation loss of one batch needs besides the student batch."""
+
+    teacher_batch: TokenBatch  # [N, P_T+R]: teacher prompts, then the very same response tokens
+    mask: torch.Tensor  # [N, R] float: response tokens that get a distillation loss
+    stats: dict[str, float]
+
+    def to(self, device: torch.device) -> DistillTargets:
+        return DistillTargets(self.teacher_batch.to(device), self.mask.to(device), self.stats)
+
+
+def distill_targets(
+    ctx: StageContext,
+    step: int,
+    samples: list[Example],
+    completions: list[Completion],
+    results: list[RewardResult],
+    batch: TokenBatch,
+) -> DistillTargets:
+    """Teacher prompts (SDPO reprompts or SDFT demonstrations) and the distillation token mask of one step.
+
+    The mask is the response mask, minus the first `distill.skip_first_tokens` tokens, minus a seeded random
+    `distill.mask_ratio` share, times 0 for samples without a teacher context. Drawn once per step for the
+    whole batch, so micro-batching cannot change it and a resumed stage draws the same one.
+    """
+    stage, tok, cfg = ctx.stage, ctx.tokenizer, ctx.stage.distill
+    prompts = [ex.messages for ex in samples]
+    scores = [r.score for r in results]
+    if stage.method == "sdft":
+        teacher_prompts = sdft_teacher_prompts(prompts, [ex.demonstration for ex in samples], scores, cfg)
+    else:
+        responses, feedbacks = [c.text for c in completions], [r.feedback for r in results]
+        teacher_prompts = sdpo_teacher_prompts(prompts, responses, scores, feedbacks, stage.rollout.group_size, cfg)
+    teacher_batch = build_batch(
+        [encode_chat(tok, m) for m in teacher_prompts.messages],
+        [c.token_ids for c in completions],
+        tok.pad_token_id,
+    )
+    generator = torch.Generator().manual_seed(step_seed(ctx.recipe.seed, ctx.index, 2_000_000 + step))
+    mask = losses.distillation_token_mask(
+        batch.response_mask, cfg.mask_ratio, cfg.skip_first_tokens, generator=generator
+    )  # [N, R]
+    mask = mask * torch.tensor(teacher_prompts.has_target, dtype=mask.dtype).unsqueeze(-1)
+    stats = {
+        **teacher_prompts.stats(),
+        "distill_token_frac": (mask.sum() / batch.response_mask.sum().clamp(min=1.0)).item(),
+    }
+    return DistillTargets(teacher_batch, mask, stats)
+
+
 def _train_on_batch(
-    ctx: StageContext, batch: TokenBatch, advantages: torch.Tensor, optimizer: torch.optim.Optimizer
+    ctx: StageContext,
+    batch: TokenBatch,
+    advantages: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    targets: DistillTargets | None,
+    rollout_logp: torch.Tensor | None,
 ) -> dict[str, float]:
-    """`grpo.iterations` passes of `grad_accum` micro-batches over one batch of rollouts, one step per pass."""
-    stage, model = ctx.stage, ctx.model
+    """`grpo.iterations` passes of `grad_accum` micro-batches over one batch of rollouts, one step per pass.
+
+    The loss is the GRPO loss (grpo, hybrid) plus the distillation loss: weight 1 for sdpo and sdft, which use no
+    GRPO term at all (the released SDPO code replaces the GRPO loss, advantages unused), `hybrid.distill_weight`
+    for hybrid. Each term is aggregated with its own batch-global denominator (`_micro_share`), so any
+    `grad_accum` gives the same update.
+    """
+    stage, model, distill = ctx.stage, ctx.model, ctx.stage.distill
+    temperature, max_len = stage.rollout.temperature, stage.rollout.max_new_tokens
+    use_policy = stage.method in GRPO_LOSS_METHODS
+    distill_weight = stage.hybrid.distill_weight if stage.method == "hybrid" else 1.0
+    if not use_policy and targets is not None and targets.mask.sum() == 0:
+        # Nothing to distil (SDPO: no sibling succeeded and no feedback): no gradient, and no update either; a
+        # zero gradient would still move the weights through AdamW's momentum, while a step over parameters
+        # without .grad changes nothing (and keeps the LR scheduler's bookkeeping in order).
+        optimizer.zero_grad(set_to_none=True)
+        optimizer.step()
+        return {"loss": 0.0, "grad_norm": 0.0, "skipped_step": 1.0}
     n = batch.input_ids.shape[0]
     micro = math.ceil(n / stage.optim.grad_accum)
     total_tokens = batch.response_mask.sum().clamp(min=1.0)
     logp_old = None
     if stage.grpo.iterations > 1:  # off-policy passes need the rollout policy's logprobs
         with torch.no_grad():
-            logp_old = _logprobs(model, batch, stage.rollout.temperature)
+            logp_old = _logprobs(model, batch, temperature)
     sums: dict[str, float] = {}
     params = list(lora_parameters(model, ctx.student).values())
     for _ in range(stage.grpo.iterations):
@@ -165,42 +274,92 @@ def _train_on_batch(
         for start in range(0, n, micro):
             rows = slice(start, min(n, start + micro))
             mb = batch.select(rows)
-            weight = (
-                mb.response_mask.sum() / total_tokens
-                if stage.grpo.aggregation == "token_mean"
-                else torch.tensor(mb.input_ids.shape[0] / n)
-            )
-            logits = response_logits(model, mb) / stage.rollout.temperature  # [n_mb, R, V]
+            mask = mb.response_mask  # [n_mb, R]
+            logits = response_logits(model, mb) / temperature  # [n_mb, R, V]
             logp = losses.gather_logprobs(logits, mb.response_ids)  # [n_mb, R]
             old = logp.detach() if logp_old is None else logp_old[rows]
-            token_loss, clip_low, clip_high = losses.clipped_policy_loss(
-                logp, old, advantages[rows], stage.grpo.epsilon_low, stage.grpo.epsilon_high, stage.grpo.dual_clip
-            )
-            terms = {"policy_loss": token_loss}
-            if stage.grpo.kl_coef > 0:
-                with torch.no_grad(), active_adapters(model, None):
-                    ref_logp = _logprobs(model, mb, stage.rollout.temperature)
-                terms["kl_base"] = losses.k3_kl(logp, ref_logp)
-                token_loss = token_loss + stage.grpo.kl_coef * terms["kl_base"]
-            loss = losses.aggregate(token_loss, mb.response_mask, stage.grpo.aggregation, stage.rollout.max_new_tokens)
-            (loss * weight).backward()
+            loss = logits.new_zeros(())
+            if use_policy:
+                token_loss, clip_low, clip_high = losses.clipped_policy_loss(
+                    logp, old, advantages[rows], stage.grpo.epsilon_low, stage.grpo.epsilon_high, stage.grpo.dual_clip
+                )
+                terms = {"policy_loss": token_loss}
+                if stage.grpo.kl_coef > 0:
+                    with torch.no_grad(), active_adapters(model, None):
+                        ref_logp = _logprobs(model, mb, temperature)
+                    terms["kl_base"] = losses.k3_kl(logp, ref_logp)
+                    token_loss = token_loss + stage.grpo.kl_coef * terms["kl_base"]
+                share = _micro_share(mask, batch.response_mask, stage.grpo.aggregation)
+                loss = loss + share * losses.aggregate(token_loss, mask, stage.grpo.aggregation, max_len)
+                with torch.no_grad():
+                    token_share = mask.sum() / total_tokens
+                    for name, values in terms.items():
+                        _add(sums, name, (losses.aggregate(values, mask, "token_mean") * token_share).item())
+                    _add(sums, "clip_low_frac", ((clip_low.float() * mask).sum() / total_tokens).item())
+                    _add(sums, "clip_high_frac", ((clip_high.float() * mask).sum() / total_tokens).item())
+            if targets is not None and targets.mask[rows].sum() > 0:
+                d_mask = targets.mask[rows]  # [n_mb, R]
+                t_logits = ctx.teacher.logits(model, targets.teacher_batch.select(rows)) / temperature  # [n_mb, R, V]
+                per_token = losses.distillation_divergence(
+                    logits, t_logits, distill.alpha, distill.support, distill.topk, distill.tail, mb.response_ids
+                )  # [n_mb, R]
+                weight = losses.importance_weights(
+                    logp, old, None if rollout_logp is None else rollout_logp[rows], distill.is_cap
+                )  # [n_mb, R]
+                share = _micro_share(d_mask, targets.mask, distill.aggregation)
+                distill_loss = share * losses.aggregate(per_token * weight, d_mask, distill.aggregation, max_len)
+                loss = loss + distill_weight * distill_loss
+                with torch.no_grad():
+                    # `sampled` values are a surrogate, not a divergence: log its estimate log p(y) - log q(y).
+                    divergence = (
+                        logp - losses.gather_logprobs(t_logits, mb.response_ids)
+                        if distill.support == "sampled"
+                        else per_token
+                    )
+                    d_share = d_mask.sum() / targets.mask.sum()
+                    _add(sums, "distill_loss", distill_loss.item())
+                    _add(
+                        sums,
+                        "teacher_divergence",
+                        (losses.aggregate(divergence, d_mask, "token_mean") * d_share).item(),
+                    )
+                    _add(sums, "is_weight_mean", (losses.aggregate(weight, d_mask, "token_mean") * d_share).item())
+            if loss.requires_grad:
+                loss.backward()
             with torch.no_grad():
-                mask = mb.response_mask
-                share = mask.sum() / total_tokens
-                for name, values in terms.items():
-                    _add(sums, name, (losses.aggregate(values, mask, "token_mean") * share).item())
-                _add(sums, "loss", (loss * weight).item())
+                token_share = mask.sum() / total_tokens
+                _add(sums, "loss", loss.item())
                 _add(
                     sums,
                     "entropy",
-                    (losses.aggregate(losses.token_entropy(logits), mask, "token_mean") * share).item(),
+                    (losses.aggregate(losses.token_entropy(logits), mask, "token_mean") * token_share).item(),
                 )
-                _add(sums, "clip_low_frac", ((clip_low.float() * mask).sum() / total_tokens).item())
-                _add(sums, "clip_high_frac", ((clip_high.float() * mask).sum() / total_tokens).item())
         grad_norm = torch.nn.utils.clip_grad_norm_(params, stage.optim.max_grad_norm)
         _add(sums, "grad_norm", grad_norm.item())
         optimizer.step()
-    return {k: v / stage.grpo.iterations for k, v in sums.items()}
+    stats = {k: v / stage.grpo.iterations for k, v in sums.items()}
+    if targets is not None:
+        stats["skipped_step"] = 0.0
+    return stats
+
+
+def _micro_share(mb_mask: torch.Tensor, batch_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """Factor on a micro-batch's aggregated loss such that the micro-batch terms sum to the whole batch's loss."""
+    if mode == "token_mean":
+        return mb_mask.sum() / batch_mask.sum().clamp(min=1.0)
+    if mode == "seq_mean_token_mean":  # sequences without a token are left out of the mean (losses.aggregate)
+        return (mb_mask.sum(-1) > 0).sum() / (batch_mask.sum(-1) > 0).sum().clamp(min=1)
+    return torch.tensor(mb_mask.shape[0] / batch_mask.shape[0])  # seq_mean_token_sum_norm: mean over sequences
+
+
+def _rollout_logprobs(completions: list[Completion], batch: TokenBatch) -> torch.Tensor | None:
+    """The engine's per-token logprobs as [N, R] (0 on padding), or None when it returned none."""
+    if any(c.logprobs is None for c in completions):
+        return None
+    out = torch.zeros_like(batch.response_mask)
+    for i, c in enumerate(completions):
+        out[i, : len(c.logprobs)] = torch.tensor(c.logprobs, dtype=out.dtype)
+    return out
 
 
 def _logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:

@@ -1,0 +1,137 @@
+"""Collapse guard: rules over the per-step metrics, each with an action (warn, stop the stage, or roll back).
+
+Every rule is a pure function of the metric history (a list of the dicts a stage appends to metrics.jsonl) that
+returns a message when it fires. `CollapseGuard.check` evaluates the enabled rules after each step and returns
+the alarms; the stage acts on the strongest (rollback > stop > warn). A rollback restores the last good
+checkpoint, scales the learning rate by `lr_scale_on_rollback` and continues, at most `max_rollbacks` times,
+after which a rollback alarm stops the stage.
+
+Defaults target the collapse reported in the SDPO-CL paper ("Denser != Better"): the teacher-student divergence
+shrinks towards 0 while the reward falls (the student has become its own teacher and drifts together with it),
+the fraction of samples with a teacher target falls to 0 (no successful sibling: SDPO has no gradient), and
+repetition spikes before the output degenerates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Action = Literal["off", "warn", "stop", "rollback"]
+ACTION_STRENGTH = {"off": 0, "warn": 1, "stop": 2, "rollback": 3}
+
+
+class MonitorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (rollback targets and resume).")
+    window: int = Field(5, ge=2, description="Steps over which trends (reward fall, divergence fall) are measured.")
+    nonfinite: Action = Field("rollback", description="NaN/inf loss or grad norm.")
+    divergence_collapse: Action = Field(
+        "rollback", description="Teacher-student divergence below divergence_floor while the reward falls."
+    )
+    divergence_floor: float = Field(1e-3, ge=0.0, description="Divergence under which the teacher adds nothing.")
+    reward_fall: float = Field(0.1, ge=0.0, description="A reward fall (window mean vs previous window) this big.")
+    target_starvation: Action = Field("warn", description="Fraction of samples with a teacher target hits 0.")
+    repetition: Action = Field("rollback", description="Repeated-4-gram rate of responses above repetition_max.")
+    repetition_max: float = Field(0.5, gt=0.0, le=1.0, description="Repetition rate that counts as a spike.")
+    entropy_collapse: Action = Field("warn", description="Mean policy entropy below entropy_min.")
+    entropy_min: float = Field(0.02, ge=0.0, description="Entropy (nats/token) that counts as collapsed.")
+    max_rollbacks: int = Field(2, ge=0, description="Rollbacks allowed per stage; then a rollback alarm stops it.")
+    lr_scale_on_rollback: float = Field(0.5, gt=0.0, le=1.0, description="LR multiplier applied at each rollback.")
+
+
+@dataclass(frozen=True)
+class Alarm:
+    rule: str
+    action: Action
+    message: str
+
+
+def _recent(history: list[dict], key: str, n: int) -> list[float]:
+    return [h[key] for h in history[-n:] if key in h and h[key] is not None]
+
+
+def rule_nonfinite(history: list[dict], cfg: MonitorConfig) -> str | None:
+    last = history[-1]
+    bad = [k for k in ("loss", "grad_norm") if k in last and not math.isfinite(last[k])]
+    return f"non-finite {', '.join(bad)} at step {last.get('step')}" if bad else None
+
+
+def rule_divergence_collapse(history: list[dict], cfg: MonitorConfig) -> str | None:
+    div = _recent(history, "teacher_divergence", cfg.window)
+    rewards = _recent(history, "reward_mean", 2 * cfg.window)
+    if len(div) < cfg.window or len(rewards) < 2 * cfg.window:
+        return None
+    earlier, later = rewards[: cfg.window], rewards[cfg.window :]
+    fall = sum(earlier) / len(earlier) - sum(later) / len(later)
+    if max(div) < cfg.divergence_floor and fall > cfg.reward_fall:
+        return f"teacher-student divergence {max(div):.2e} < {cfg.divergence_floor} while reward fell by {fall:.3f}"
+    return None
+
+
+def rule_target_starvation(history: list[dict], cfg: MonitorConfig) -> str | None:
+    frac = _recent(history, "teacher_target_frac", cfg.window)
+    if len(frac) == cfg.window and max(frac) == 0.0:
+        return f"no sample had a teacher target for {cfg.window} steps (no distillation gradient)"
+    return None
+
+
+def rule_repetition(history: list[dict], cfg: MonitorConfig) -> str | None:
+    rate = history[-1].get("repetition_rate")
+    if rate is not None and rate > cfg.repetition_max:
+        return f"repeated-4-gram rate {rate:.2f} > {cfg.repetition_max}"
+    return None
+
+
+def rule_entropy_collapse(history: list[dict], cfg: MonitorConfig) -> str | None:
+    entropy = history[-1].get("entropy")
+    if entropy is not None and entropy < cfg.entropy_min:
+        return f"policy entropy {entropy:.4f} < {cfg.entropy_min}"
+    return None
+
+
+RULES: dict[str, Callable[[list[dict], MonitorConfig], str | None]] = {
+    "nonfinite": rule_nonfinite,
+    "divergence_collapse": rule_divergence_collapse,
+    "target_starvation": rule_target_starvation,
+    "repetition": rule_repetition,
+    "entropy_collapse": rule_entropy_collapse,
+}
+
+
+class CollapseGuard:
+    """Evaluates the enabled rules and tracks the rollback budget of one stage."""
+
+    def __init__(self, cfg: MonitorConfig, rollbacks_used: int = 0):
+        self.cfg = cfg
+        self.rollbacks_used = rollbacks_used
+
+    def check(self, history: list[dict]) -> list[Alarm]:
+        alarms = []
+        for name, rule in RULES.items():
+            action = getattr(self.cfg, name)
+            if action == "off" or not history:
+                continue
+            message = rule(history, self.cfg)
+            if message is not None:
+                alarms.append(Alarm(name, action, message))
+        return alarms
+
+    def decide(self, alarms: list[Alarm]) -> Action:
+        """The action to take: the strongest alarm's, with rollback turned into stop once the budget is spent."""
+        if not alarms:
+            return "off"
+        action = max((a.action for a in alarms), key=ACTION_STRENGTH.__getitem__)
+        if action == "rollback":
+            if self.rollbacks_used >= self.cfg.max_rollbacks:
+                return "stop"
+            self.rollbacks_used += 1
+        return action
+
+    def lr_scale(self) -> float:
+        return self.cfg.lr_scale_on_rollback**self.rollbacks_used

