@@ -40,6 +40,20 @@ def append_line(path: str | Path, line: str) -> None:
         f.flush()
 
 
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The records of a JSONL file; a torn last line (a run killed mid-write) is skipped. Missing file: []."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
 class atomic_dir:
     """Context manager: yields a temp folder beside `target`; on success it replaces `target` whole.
 

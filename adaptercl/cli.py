@@ -4,6 +4,8 @@
     adaptercl recipe validate FILE [key=value ...]  check a recipe without loading anything heavy
     adaptercl recipe show FILE [key=value ...]      print the resolved recipe (defaults merged into stages)
     adaptercl report RUN_DIR                        write RUN_DIR/report.md and plots/
+    adaptercl merge ADAPTER... --out DIR [--method ties --weights 1,-1 --density 0.2 --rank 16]
+                                                    ΔW-space merge of PEFT adapter folders into one
 
 Every subcommand parses, calls one function and returns an exit code. Recipe and input problems
 (`RecipeError`) print one line `error: ...` and exit 2, never a traceback.
@@ -35,6 +37,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("overrides", nargs="*", help="key.path=value overrides, e.g. stages.math.optim.lr=5e-6")
     report = sub.add_parser("report", help="write report.md and plots for a run directory")
     report.add_argument("run_dir", help="a run directory (output_dir of a recipe)")
+    merge = sub.add_parser("merge", help="ΔW-space merge of PEFT adapter folders, re-factorised to one adapter")
+    merge.add_argument("adapters", nargs="+", help="PEFT adapter folders (adapter_config.json + safetensors)")
+    merge.add_argument("--out", required=True, help="output folder (a PEFT adapter, written atomically)")
+    merge.add_argument("--method", default="task_arithmetic", help="task_arithmetic, ties, dare_linear or dare_ties")
+    merge.add_argument("--weights", help="comma-separated, one per adapter (default: equal)")
+    merge.add_argument("--density", type=float, default=1.0, help="TIES/DARE density (default 1: keep all)")
+    merge.add_argument("--rank", type=int, help="rank of the written adapter (default: the largest input rank)")
+    merge.add_argument("--seed", type=int, default=0, help="seed of the DARE masks")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("ADAPTERCL_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -45,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(write_report(args.run_dir))
             return 0
+        if args.command == "merge":
+            return _merge(args)
     except RecipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -67,6 +79,23 @@ def _recipe(args: argparse.Namespace) -> int:
     from adaptercl.console import run_with_progress
 
     run_with_progress(recipe)
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from adaptercl.adapter_merge import merge_adapter_folders
+
+    weights = None
+    if args.weights is not None:
+        try:
+            weights = [float(w) for w in args.weights.split(",")]
+        except ValueError:
+            raise RecipeError(f"merge: --weights must be comma-separated numbers, got {args.weights!r}") from None
+    report = merge_adapter_folders(args.adapters, args.out, args.method, weights, args.density, args.rank, args.seed)
+    print(
+        f"wrote {args.out} (rank {report['rank']}, {len(report['rel_error'])} modules); relative Frobenius error "
+        f"of the re-factorisation: mean {report['rel_error_mean']:.3g}, max {report['rel_error_max']:.3g}"
+    )
     return 0
 
 

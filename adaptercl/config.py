@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 Method = Literal["grpo", "sdpo", "sdft", "hybrid"]
+Action = Literal["off", "warn", "stop", "rollback"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
 Support = Literal["full", "topk", "sampled"]
 TeacherKind = Literal["base", "stage_start", "ema", "lag", "trust_region"]
@@ -155,18 +156,62 @@ class DistillConfig(_Block):
 
 
 class HybridConfig(_Block):
-    distill_weight: float = Field(0.1, ge=0.0, description="lambda: weight of the sparse distillation loss.")
-    distill_on: Literal["failed_groups", "high_entropy", "all"] = Field(
-        "failed_groups", description="Which tokens are distilled: groups with no success, top-q entropy, or all."
+    distill_weight: float = Field(
+        0.1, ge=0.0, description="lambda: weight of the sparse distillation loss added to GRPO's (0 = plain GRPO)."
     )
-    entropy_top_q: float = Field(0.2, gt=0.0, le=1.0, description="`high_entropy`: fraction of tokens distilled.")
+    distill_on: Literal["failed_groups", "high_entropy", "all"] = Field(
+        "failed_groups",
+        description="Which tokens are distilled: samples of groups with no success (teacher shown the example's "
+        "demonstration and/or the reward feedback), the top-q highest-entropy tokens of the batch, or all.",
+    )
+    entropy_top_q: float = Field(
+        0.2, gt=0.0, le=1.0, description="`high_entropy`: fraction of the batch's response tokens distilled."
+    )
 
 
 class RegularizerConfig(_Block):
-    kl_prev: float = Field(0.0, ge=0.0, description="KL to the previous stage's policy on the current rollouts.")
-    l2_prev: float = Field(0.0, ge=0.0, description="L2 between current dW and the previous stage's dW.")
-    orthogonal: float = Field(0.0, ge=0.0, description="O-LoRA: |A_new A_old^T|^2 against earlier adapters.")
-    replay_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="Share of prompts drawn from earlier domains.")
+    kl_prev: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of the token-mean KL(current || previous stage's policy) on the current rollouts; the "
+        "previous policy is the model after the previous stage (stage 1: the base). Costs one forward per step.",
+    )
+    l2_prev: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of sum over modules of ||dW - dW_0||_F^2, dW_0 = the student's dW at stage start (the "
+        "previous stage's dW under init continue, 0 under new, the merge under merge).",
+    )
+    orthogonal: float = Field(
+        0.0, ge=0.0, description="O-LoRA weight: sum of ||A A_old^T||_F^2 against earlier adapters active under it."
+    )
+    replay_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of each step's prompts drawn from earlier stages' domains (scored by their own reward); "
+        "rounded, at least 1 prompt when > 0 and an earlier domain exists.",
+    )
+
+
+class MonitorConfig(_Block):
+    """Collapse guard and checkpoints (see adaptercl/monitor.py for the rules)."""
+
+    checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (rollback targets and resume).")
+    window: int = Field(5, ge=2, description="Steps over which trends (reward fall, divergence fall) are measured.")
+    nonfinite: Action = Field("rollback", description="NaN/inf loss or grad norm.")
+    divergence_collapse: Action = Field(
+        "rollback", description="Teacher-student divergence below divergence_floor while the reward falls."
+    )
+    divergence_floor: float = Field(1e-3, ge=0.0, description="Divergence under which the teacher adds nothing.")
+    reward_fall: float = Field(0.1, ge=0.0, description="A reward fall (window mean vs previous window) this big.")
+    target_starvation: Action = Field("warn", description="Fraction of samples with a teacher target hits 0.")
+    repetition: Action = Field("rollback", description="Repeated-4-gram rate of responses above repetition_max.")
+    repetition_max: float = Field(0.5, gt=0.0, le=1.0, description="Repetition rate that counts as a spike.")
+    entropy_collapse: Action = Field("warn", description="Mean policy entropy below entropy_min.")
+    entropy_min: float = Field(0.02, ge=0.0, description="Entropy (nats/token) that counts as collapsed.")
+    max_rollbacks: int = Field(2, ge=0, description="Rollbacks allowed per stage; then a rollback alarm stops it.")
+    lr_scale_on_rollback: float = Field(0.5, gt=0.0, le=1.0, description="LR multiplier applied at each rollback.")
 
 
 class AdapterInitConfig(_Block):
@@ -175,28 +220,52 @@ class AdapterInitConfig(_Block):
         description="continue: train the previous adapter; new: fresh adapter over frozen earlier ones; "
         "merge: start from a dW-space merge of earlier stage adapters.",
     )
-    merge_method: MergeMethod = Field("task_arithmetic", description="`merge`: how earlier adapters are merged.")
-    merge_weights: list[float] | None = Field(None, description="`merge`: one weight per merged stage.")
-    merge_density: float = Field(1.0, gt=0.0, le=1.0, description="`merge`: TIES/DARE density.")
+    merge_method: MergeMethod = Field(
+        "task_arithmetic",
+        description="`merge`: how the earlier stage adapters' dW = scale*B*A are merged (merging.py); the result is "
+        "re-factorised by truncated SVD to lora.r (its relative error is in done.json).",
+    )
+    merge_weights: list[float] | None = Field(
+        None,
+        description="`merge`: one weight per earlier stage, in order; default equal: 1/n for task_arithmetic and "
+        "dare_linear (the mean), 1 for ties and dare_ties (their disjoint mean already averages).",
+    )
+    merge_density: float = Field(1.0, gt=0.0, le=1.0, description="`merge`: TIES/DARE density (1 = keep all).")
 
 
 class DomainConfig(_Block):
     name: str = Field(description="Domain name, used in stages, metrics and exported adapter folders.")
-    source: str = Field(description="'builtin:NAME', a local .jsonl/.json/.parquet/.csv file, or a `datasets` hub id.")
-    format: str | None = Field(
-        None, description="Row format preset (e.g. gsm8k, sciknoweval, tooluse, arc, generic); builtin implies it."
+    source: str = Field(
+        description="'builtin:NAME' (arithmetic, mcq, toolcall, copy), a local .jsonl/.json/.parquet/.csv file, "
+        "a local folder holding <split>.<ext> files, or a `datasets` hub id."
     )
+    format: (
+        Literal["gsm8k", "math500", "sciknoweval", "tooluse", "arc", "boolq", "piqa", "winogrande", "generic"] | None
+    ) = Field(None, description="Row format preset of a dataset source; builtin sources imply their own.")
     fields: dict[str, str] = Field(
-        default_factory=dict, description="generic format: dataset field for prompt, answer, demonstration, system."
+        default_factory=dict,
+        description="generic format: dataset field for prompt, answer, demonstration, system (default: same name).",
     )
-    reward: str | None = Field(None, description="Reward name from the REWARDS table or 'pkg.module:function'.")
-    system_prompt: str | None = Field(None, description="System message put before every prompt.")
+    reward: str | None = Field(
+        None, description="Reward name from the REWARDS table or 'pkg.module:function'; default: the format's own."
+    )
+    system_prompt: str | None = Field(
+        None, description="System message put before every prompt (replaces the default)."
+    )
     subset: str | None = Field(None, description="Hub dataset config name.")
-    train_split: str = Field("train", description="Hub split (or file) used for training.")
-    eval_split: str | None = Field("test", description="Hub split for evaluation; None = hold out from train.")
-    eval_file: str | None = Field(None, description="A separate local file for evaluation.")
+    train_split: str = Field("train", description="Hub split, or file stem in a local folder, used for training.")
+    eval_split: str | None = Field(
+        "test",
+        description="Hub split or file stem for evaluation; None = hold out from train. Unused for a file source.",
+    )
+    eval_file: str | None = Field(None, description="A separate local file for evaluation (any source but builtin).")
     num_train: int | None = Field(None, ge=1, description="Cap on training examples (builtin: how many to make).")
     skip_malformed: bool = Field(False, description="Skip (and count) malformed rows instead of failing.")
+    format_patterns: list[str] | None = Field(
+        None,
+        description="Regexes of this domain's answer-format tokens for format-leak detection; default: the "
+        "format's own (e.g. \\boxed for math500).",
+    )
 
     @field_validator("name")
     @classmethod
@@ -205,10 +274,30 @@ class DomainConfig(_Block):
             raise ValueError(f"domain name {v!r} must match {NAME_PATTERN}")
         return v
 
+    @field_validator("fields")
+    @classmethod
+    def _check_fields(cls, v: dict[str, str]) -> dict[str, str]:
+        unknown = sorted(set(v) - {"prompt", "answer", "demonstration", "system"})
+        if unknown:
+            raise ValueError(f"unknown keys {unknown}; allowed: prompt, answer, demonstration, system")
+        return v
+
+    @field_validator("format_patterns")
+    @classmethod
+    def _check_patterns(cls, v: list[str] | None) -> list[str] | None:
+        for pattern in v or []:
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise ValueError(f"format pattern {pattern!r} is not a valid regex ({err})") from None
+        return v
+
 
 class EvalConfig(_Block):
     examples_per_domain: int = Field(50, ge=1, description="Greedy-evaluated examples per domain per stage.")
     max_new_tokens: int | None = Field(None, ge=1, description="Default: rollout.max_new_tokens of the recipe.")
+    drift_probes: int = Field(8, ge=0, description="Probe prompts per domain for response drift (0 = off).")
+    parameter_drift: bool = Field(True, description="Compute per-module parameter drift after every stage.")
     retention_probes: list[str] = Field(
         default_factory=list, description="Domains evaluated after every stage but never trained."
     )
@@ -226,6 +315,7 @@ class StageConfig(_Block):
     distill: DistillConfig = Field(default_factory=DistillConfig)
     hybrid: HybridConfig = Field(default_factory=HybridConfig)
     regularizers: RegularizerConfig = Field(default_factory=RegularizerConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
 
     @field_validator("name")
     @classmethod
@@ -326,7 +416,7 @@ ENGINE_FIELDS = (
     "enable_sleep_mode",
     "max_model_len",
 )
-STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid", "regularizers")
+STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid", "regularizers", "monitor")
 
 
 def _check_unique(what: str, names: list[str]) -> None:

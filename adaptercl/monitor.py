@@ -4,7 +4,8 @@ Every rule is a pure function of the metric history (a list of the dicts a stage
 returns a message when it fires. `CollapseGuard.check` evaluates the enabled rules after each step and returns
 the alarms; the stage acts on the strongest (rollback > stop > warn). A rollback restores the last good
 checkpoint, scales the learning rate by `lr_scale_on_rollback` and continues, at most `max_rollbacks` times,
-after which a rollback alarm stops the stage.
+after which a rollback alarm stops the stage. `stop` also returns to the last checkpoint first, so a stopped
+stage never ships the weights of the step that raised the alarm.
 
 Defaults target the collapse reported in the SDPO-CL paper ("Denser != Better"): the teacher-student divergence
 shrinks towards 0 while the reward falls (the student has become its own teacher and drifts together with it),
@@ -17,32 +18,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from adaptercl.config import Action, MonitorConfig
 
-Action = Literal["off", "warn", "stop", "rollback"]
 ACTION_STRENGTH = {"off": 0, "warn": 1, "stop": 2, "rollback": 3}
-
-
-class MonitorConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (rollback targets and resume).")
-    window: int = Field(5, ge=2, description="Steps over which trends (reward fall, divergence fall) are measured.")
-    nonfinite: Action = Field("rollback", description="NaN/inf loss or grad norm.")
-    divergence_collapse: Action = Field(
-        "rollback", description="Teacher-student divergence below divergence_floor while the reward falls."
-    )
-    divergence_floor: float = Field(1e-3, ge=0.0, description="Divergence under which the teacher adds nothing.")
-    reward_fall: float = Field(0.1, ge=0.0, description="A reward fall (window mean vs previous window) this big.")
-    target_starvation: Action = Field("warn", description="Fraction of samples with a teacher target hits 0.")
-    repetition: Action = Field("rollback", description="Repeated-4-gram rate of responses above repetition_max.")
-    repetition_max: float = Field(0.5, gt=0.0, le=1.0, description="Repetition rate that counts as a spike.")
-    entropy_collapse: Action = Field("warn", description="Mean policy entropy below entropy_min.")
-    entropy_min: float = Field(0.02, ge=0.0, description="Entropy (nats/token) that counts as collapsed.")
-    max_rollbacks: int = Field(2, ge=0, description="Rollbacks allowed per stage; then a rollback alarm stops it.")
-    lr_scale_on_rollback: float = Field(0.5, gt=0.0, le=1.0, description="LR multiplier applied at each rollback.")
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,12 @@ Run directory layout (every file written atomically; `done.json` is written last
     recipe.resolved.yaml
     stage-00-before/eval.json, done.json        row 0 of the accuracy matrix (before any training)
     stage-NN-<name>/adapter/                    this stage's own adapter (PEFT format)
+                    combined_adapter/           one PEFT adapter whose ΔW is the sum of the adapters making up
+                                                the evaluated model (done.json "adapters"): ship this one
                     teacher/                    sdpo/sdft/hybrid: the self-teacher at stage end (teacher.json +
                                                 adapter/ in PEFT format; `teacher.restore_teacher` loads it)
-                    metrics.jsonl eval.json done.json
+                    metrics.jsonl eval.json drift.json done.json
+                    checkpoint/                 resume point while the stage runs (removed when done)
     summary.json                                accuracy matrix, CL metrics (ACC, BWT, FWT, forgetting, ...)
     report.md, plots/                           the run report (`adaptercl report RUN_DIR` rebuilds it)
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,7 +105,10 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
     import torch
 
     from adaptercl import adapters as ad
+    from adaptercl.adapter_merge import init_adapter_from_merge, write_combined_adapter
+    from adaptercl.checkpoint import has_checkpoint
     from adaptercl.domains import load_domain
+    from adaptercl.drift import BaseWeights, parameter_drift_report, response_drift
     from adaptercl.evaluate import evaluate_all
     from adaptercl.metrics import cl_metrics
     from adaptercl.model import load_base
@@ -130,6 +137,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
     notify("model", description=base.description)
     model, tok = base.model, base.tokenizer
     max_eval_tokens = recipe.eval_max_new_tokens
+    base_weights = BaseWeights()  # dequantised W0 for parameter drift, cached across stages
     vllm_engine = None
 
     def engine_for(model):  # the hf engine runs on the live training model; the vllm engine is one per run
@@ -166,17 +174,25 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
             continue
         previous = model_adapters[-1] if model_adapters else None
         model = ad.attach_adapter(model, name, stage.lora)
+        init_report = None
+        earlier_domains = dict.fromkeys(s.domain for s in recipe.stages[:i] if s.domain != stage.domain)
         if stage.adapter.init == "continue":
             if previous is not None:
                 ad.copy_adapter(model, previous, name)
             frozen = model_adapters[:-1]
         elif stage.adapter.init == "new":
             frozen = list(model_adapters)
-        else:
-            raise RecipeError(f"stages.{stage.name}.adapter.init: 'merge' is not available yet; use new or continue")
+        else:  # merge: the merged earlier stage adapters replace them; the model is this adapter alone
+            cfg = stage.adapter
+            sources = [recipe.stage_dir_name(j) for j in range(i)]
+            init_report = init_adapter_from_merge(
+                model, name, sources, cfg.merge_method, cfg.merge_weights, cfg.merge_density, recipe.seed
+            )
+            frozen = []
         ad.use_adapters(model, [*frozen, name], trainable=name)
         stage_dir.mkdir(parents=True, exist_ok=True)
-        (stage_dir / "metrics.jsonl").unlink(missing_ok=True)
+        if not has_checkpoint(stage_dir / "checkpoint"):  # a fresh start; with a checkpoint the stage resumes
+            (stage_dir / "metrics.jsonl").unlink(missing_ok=True)
         # the self-teacher starts from the student as it is now; saved with the stage, then removed from the model
         teacher = (
             create_teacher(model, name, frozen, stage.distill.teacher) if stage.method in DISTILL_METHODS else None
@@ -190,6 +206,8 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
             domain=by_name[stage.domain],
             student=name,
             frozen=frozen,
+            previous=list(model_adapters),
+            replay_domains=[by_name[d] for d in earlier_domains],  # regularizers.replay_fraction draws from these
             stage_dir=stage_dir,
             on_step=lambda step, m, _n=name: notify("step", stage=_n, step=step, metrics=m),
             teacher=teacher,
@@ -203,15 +221,32 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
             teacher.save(model, stage_dir / "teacher")
             teacher.remove(model)
         model_adapters = [*frozen, name]
+        combined = write_combined_adapter(model, model_adapters, stage_dir / "combined_adapter")
         notify("eval", stage=name)
         row = evaluate_all(
             engine_for(model), tok, domains, model_adapters, max_eval_tokens, recipe.eval.examples_per_domain
         )
         write_json(stage_dir / "eval.json", row)
+        drift = {}
+        if recipe.eval.parameter_drift:
+            drift["parameter"] = parameter_drift_report(model, model_adapters, base_weights)
+        if recipe.eval.drift_probes:
+            drift["response"] = response_drift(
+                model, tok, engine_for(model), domains, model_adapters, recipe.eval.drift_probes, max_eval_tokens
+            )
+        write_json(stage_dir / "drift.json", drift)
         write_json(
             stage_dir / "done.json",
-            {"adapters": model_adapters, "train_seconds": time.perf_counter() - t0, "final_step": final},
+            {
+                "adapters": model_adapters,  # the adapters making up the evaluated model, in order
+                "init": stage.adapter.init,
+                "init_merge": init_report,  # merge init: sources, weights, relative Frobenius error per module
+                "combined_adapter": combined,  # combined_adapter/: one PEFT adapter, ΔW = sum of `adapters`
+                "train_seconds": time.perf_counter() - t0,
+                "final_step": final,
+            },
         )
+        shutil.rmtree(stage_dir / "checkpoint", ignore_errors=True)  # the finished stage needs no resume point
         history.append(model_adapters)
         rows.append(row)
 

@@ -12,22 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from adaptercl.atomic import write_text
+from adaptercl.atomic import read_jsonl, write_text
 from adaptercl.config import RecipeError
 
 PLOTS = ("accuracy_matrix.png", "accuracy_by_stage.png", "training_curves.png", "drift.png")
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line from a killed run
-            continue
-    return rows
 
 
 def load_run(run_dir: str | Path) -> dict:
@@ -44,8 +32,8 @@ def load_run(run_dir: str | Path) -> dict:
         stages.append(
             {
                 "name": name,
-                "metrics": [m for m in _read_jsonl(stage_dir / "metrics.jsonl") if "step" in m and "event" not in m],
-                "events": [m for m in _read_jsonl(stage_dir / "metrics.jsonl") if "event" in m],
+                "metrics": [m for m in read_jsonl(stage_dir / "metrics.jsonl") if "step" in m and "event" not in m],
+                "events": [m for m in read_jsonl(stage_dir / "metrics.jsonl") if "event" in m],
                 "drift": json.loads(drift_path.read_text()) if drift_path.is_file() else None,
             }
         )
@@ -64,7 +52,7 @@ def write_report(run_dir: str | Path) -> Path:
     _plot_accuracy_matrix(run, plots / PLOTS[0])
     _plot_accuracy_by_stage(run, plots / PLOTS[1])
     _plot_training_curves(run, plots / PLOTS[2])
-    has_drift = any(s["drift"] for s in run["stages"])
+    has_drift = any(s["drift"] and "parameter" in s["drift"] for s in run["stages"])
     if has_drift:
         _plot_drift(run, plots / PLOTS[3])
     report = run_dir / "report.md"
@@ -162,11 +150,11 @@ def _plot_training_curves(run: dict, path: Path) -> None:
 def _plot_drift(run: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    stages = [s for s in run["stages"] if s["drift"]]
+    stages = [s for s in run["stages"] if s["drift"] and "parameter" in s["drift"]]
     keys = ("relative_delta_norm_mean", "spectral_shift_mean", "principal_angle_mean")
     fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3))
     for ax, key in zip(axes, keys):
-        ax.bar([s["name"] for s in stages], [s["drift"].get("aggregate", {}).get(key, 0.0) for s in stages])
+        ax.bar([s["name"] for s in stages], [s["drift"]["parameter"]["aggregate"].get(key, 0.0) for s in stages])
         ax.set_title(key)
         ax.tick_params(axis="x", rotation=30)
     fig.suptitle("parameter drift per stage (model after the stage vs base)")

@@ -9,8 +9,10 @@
   teacher follows the student (`Teacher.update`: EMA of ΔW or a periodic copy). A step without any distilled
   token (SDPO with no success and no feedback) has no gradient and makes no optimiser step; `teacher_target_frac`
   and `skipped_step` record it;
-- hybrid: the loss is already composed as GRPO + `hybrid.distill_weight` x distillation on the token mask; the
-  `hybrid.distill_on` token selection is not written yet, so hybrid stages are refused for now.
+- hybrid: GRPO + `hybrid.distill_weight` x distillation on a sparse token mask (`hybrid.py`: failed groups,
+  high-entropy tokens or all) with a frozen or trust-region teacher; λ = 0 adds nothing (GRPO's update exactly).
+Every method adds the continual regularisers of `regularizers.py` (KL / L2 to the previous stage, O-LoRA
+orthogonality; replay of earlier domains' prompts), each only when its weight is > 0.
 
 Memory: student and teacher logits are full-vocabulary [n_mb, R, V] float32 per micro-batch (two more for the
 trust-region teacher); `grad_accum` bounds n_mb. Chunking the divergence over R is future work for large vocabularies.
@@ -34,10 +36,15 @@ from transformers import PreTrainedTokenizerBase
 
 from adaptercl import losses
 from adaptercl.adapters import active_adapters, lora_parameters
-from adaptercl.atomic import append_line
+from adaptercl.atomic import append_line, read_jsonl, write_text
 from adaptercl.batching import TokenBatch, build_batch, encode_chat, response_logits
+from adaptercl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from adaptercl.config import RecipeConfig, StageConfig
 from adaptercl.domains import Domain, Example, RewardResult
+from adaptercl.hybrid import hybrid_teacher_prompts, rollout_entropy, top_entropy_mask
+from adaptercl.metrics import repeated_ngram_rate
+from adaptercl.monitor import CollapseGuard
+from adaptercl.regularizers import StageRegularizers, replay_count, replay_examples
 from adaptercl.rollout import Completion, RolloutEngine, SamplingParams
 from adaptercl.teacher import DISTILL_METHODS, Teacher, sdft_teacher_prompts, sdpo_teacher_prompts
 
@@ -59,6 +66,8 @@ class StageContext:
     stage_dir: Path = Path(".")
     on_step: Any = None  # callback(step, metrics) for progress display
     teacher: Teacher | None = None  # the self-teacher of sdpo/sdft/hybrid stages (teacher.create_teacher)
+    previous: list[str] = field(default_factory=list)  # adapters making up the model after the previous stage
+    replay_domains: list[Domain] = field(default_factory=list)  # earlier stages' domains (regularizers.replay_*)
 
     @property
     def stage(self) -> StageConfig:
@@ -104,23 +113,33 @@ def make_optimizer(ctx: StageContext) -> tuple[torch.optim.Optimizer, torch.opti
 def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=None) -> dict[str, float]:
     """Train `ctx.student` for the stage's steps; append one JSON line per step to metrics.jsonl."""
     stage, model, tok = ctx.stage, ctx.model, ctx.tokenizer
-    if stage.method == "hybrid":  # the loss below already composes GRPO + lambda * distillation on a token mask
-        raise NotImplementedError("hybrid stages need the hybrid.distill_on token selection, not written yet")
     if stage.method in DISTILL_METHODS and ctx.teacher is None:
         raise ValueError(f"a {stage.method} stage needs ctx.teacher (see teacher.create_teacher)")
     if optimizer is None:
         optimizer, scheduler = make_optimizer(ctx)
+    regs = StageRegularizers.start(model, ctx.student, ctx.frozen, ctx.previous, stage.regularizers)
     metrics_path = ctx.stage_dir / "metrics.jsonl"
     device = next(model.parameters()).device
     group = stage.rollout.group_size
     last: dict[str, float] = {}
-    for step in range(start_step, stage.optim.steps):
+    guard = CollapseGuard(stage.monitor)
+    checkpoint_dir = ctx.stage_dir / "checkpoint"
+    history: list[dict] = []  # this stage's step metrics, for the guard's rules
+    step = start_step
+    if has_checkpoint(checkpoint_dir):  # resume exactly where the last checkpoint left off
+        step, history = _restore(ctx, checkpoint_dir, optimizer, scheduler, guard)
+    else:
+        _checkpoint(ctx, checkpoint_dir, optimizer, scheduler, step, guard)
+    while step < stage.optim.steps:
         t0 = time.perf_counter()
         # ---- rollout: G samples for each prompt, from the current student (on top of frozen earlier adapters)
-        indices = prompts_for_step(
-            len(ctx.domain.train), stage.optim.prompts_per_step, ctx.recipe.seed, ctx.index, step
-        )
-        examples = [ctx.domain.train[i] for i in indices]
+        per_step = stage.optim.prompts_per_step
+        n_replay = replay_count(stage.regularizers.replay_fraction, per_step, len(ctx.replay_domains))
+        indices = prompts_for_step(len(ctx.domain.train), per_step - n_replay, ctx.recipe.seed, ctx.index, step)
+        pairs = [(ctx.domain.train[i], ctx.domain) for i in indices] + replay_examples(
+            ctx.replay_domains, n_replay, step_seed(ctx.recipe.seed, ctx.index, 3_000_000 + step)
+        )  # (example, domain whose reward scores it)
+        examples = [ex for ex, _ in pairs]
         prompt_ids = [encode_chat(tok, ex.messages) for ex in examples]
         params = SamplingParams(
             max_new_tokens=stage.rollout.max_new_tokens,
@@ -133,10 +152,11 @@ def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=
         groups = ctx.engine.generate(prompt_ids, ctx.policy_adapters, params)
         completions = [c for g in groups for c in g]  # [N] group-contiguous, N = prompts x G
         samples = [ex for ex in examples for _ in range(group)]
+        sample_domains = [d for _, d in pairs for _ in range(group)]
         t_rollout = time.perf_counter() - t0
 
         # ---- reward
-        results = [ctx.domain.reward(c.text, ex) for c, ex in zip(completions, samples)]
+        results = [d.reward(c.text, ex) for c, ex, d in zip(completions, samples, sample_domains)]
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)  # [N]
         advantages = losses.group_advantages(rewards, group, scale_by_std=stage.grpo.scale_rewards)  # [N]
         batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], tok.pad_token_id)
@@ -156,6 +176,7 @@ def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=
             optimizer,
             targets,
             None if rollout_logp is None else rollout_logp.to(device),
+            regs,
         )
         scheduler.step()
         if ctx.teacher is not None:
@@ -167,6 +188,7 @@ def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=
             "reward_mean": rewards.mean().item(),
             "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
             "correct_frac": sum(r.correct for r in results) / len(results),
+            "replay_frac": n_replay / len(examples),
             "zero_variance_groups": losses.zero_variance_group_fraction(rewards, group),
             **(targets.stats if targets is not None else {}),
             **train_stats,
@@ -177,10 +199,55 @@ def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=
         }
         if ctx.teacher is not None and ctx.teacher.kind == "ema":
             last["teacher_ema_dropped"] = ctx.teacher.ema_dropped
+        last["repetition_rate"] = sum(repeated_ngram_rate(c.token_ids) for c in completions) / len(completions)
+
+        # ---- collapse guard: warn; roll back to the last checkpoint with a smaller LR; or stop at that checkpoint
+        alarms = guard.check([*history, last])
+        action = guard.decide(alarms)
+        for alarm in alarms:
+            event = {"event": alarm.rule, "action": action, "step": step + 1, "message": alarm.message}
+            append_line(metrics_path, json.dumps(event))
+        if action in ("rollback", "stop"):  # back to the last good checkpoint; stop ends the stage there
+            step, history = _restore(ctx, checkpoint_dir, optimizer, scheduler, guard)
+            last = history[-1] if history else {}
+            if action == "stop":
+                break
+            continue
         append_line(metrics_path, json.dumps(last))
+        history.append(last)
+        step += 1
         if ctx.on_step is not None:
-            ctx.on_step(step + 1, last)
+            ctx.on_step(step, last)
+        if step % stage.monitor.checkpoint_every == 0 and step < stage.optim.steps:
+            _checkpoint(ctx, checkpoint_dir, optimizer, scheduler, step, guard)
     return last
+
+
+def _checkpoint(ctx: StageContext, path: Path, optimizer, scheduler, next_step: int, guard: CollapseGuard) -> None:
+    teacher = ctx.teacher
+    adapters = [ctx.student] + ([teacher.adapter] if teacher is not None and teacher.adapter else [])
+    extra = {"rollbacks_used": guard.rollbacks_used, "teacher": teacher.state() if teacher is not None else None}
+    save_checkpoint(path, ctx.model, adapters, optimizer, scheduler, next_step, extra)
+
+
+def _restore(ctx: StageContext, path: Path, optimizer, scheduler, guard: CollapseGuard) -> tuple[int, list[dict]]:
+    """Load the checkpoint (student, teacher, optimiser, scheduler, RNG), apply the guard's LR scale, and cut
+    metrics.jsonl back to the checkpoint's step (alarm events are kept). Returns (next step, step history)."""
+    rollbacks_used = guard.rollbacks_used  # a rollback has already counted itself; a resume reads it back
+    state = load_checkpoint(path, ctx.model, optimizer, scheduler)
+    guard.rollbacks_used = max(rollbacks_used, state["rollbacks_used"])
+    if ctx.teacher is not None and state["teacher"] is not None:
+        for key, value in state["teacher"].items():
+            setattr(ctx.teacher, key, value)
+    scale = guard.lr_scale()
+    scheduler.base_lrs = [ctx.stage.optim.lr * scale for _ in scheduler.base_lrs]
+    for group, lr_lambda in zip(optimizer.param_groups, scheduler.lr_lambdas):
+        group["lr"] = ctx.stage.optim.lr * scale * lr_lambda(scheduler.last_epoch)
+    next_step = state["next_step"]
+    metrics_path = ctx.stage_dir / "metrics.jsonl"
+    kept = [r for r in read_jsonl(metrics_path) if "event" in r or r["step"] <= next_step]
+    write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+    return next_step, [r for r in kept if "event" not in r]
 
 
 @dataclass
@@ -214,6 +281,17 @@ def distill_targets(
     scores = [r.score for r in results]
     if stage.method == "sdft":
         teacher_prompts = sdft_teacher_prompts(prompts, [ex.demonstration for ex in samples], scores, cfg)
+    elif stage.method == "hybrid":
+        teacher_prompts = hybrid_teacher_prompts(
+            prompts,
+            [c.text for c in completions],
+            scores,
+            [r.feedback for r in results],
+            [ex.demonstration for ex in samples],
+            stage.rollout.group_size,
+            cfg,
+            failed_groups_only=stage.hybrid.distill_on == "failed_groups",
+        )
     else:
         responses, feedbacks = [c.text for c in completions], [r.feedback for r in results]
         teacher_prompts = sdpo_teacher_prompts(prompts, responses, scores, feedbacks, stage.rollout.group_size, cfg)
@@ -227,6 +305,9 @@ def distill_targets(
         batch.response_mask, cfg.mask_ratio, cfg.skip_first_tokens, generator=generator
     )  # [N, R]
     mask = mask * torch.tensor(teacher_prompts.has_target, dtype=mask.dtype).unsqueeze(-1)
+    if stage.method == "hybrid" and stage.hybrid.distill_on == "high_entropy":
+        entropy = rollout_entropy(ctx.model, batch, stage.optim.grad_accum, stage.rollout.temperature)  # [N, R]
+        mask = top_entropy_mask(entropy, mask, stage.hybrid.entropy_top_q)  # [N, R]
     stats = {
         **teacher_prompts.stats(),
         "distill_token_frac": (mask.sum() / batch.response_mask.sum().clamp(min=1.0)).item(),
@@ -241,6 +322,7 @@ def _train_on_batch(
     optimizer: torch.optim.Optimizer,
     targets: DistillTargets | None,
     rollout_logp: torch.Tensor | None,
+    regs: StageRegularizers | None = None,
 ) -> dict[str, float]:
     """`grpo.iterations` passes of `grad_accum` micro-batches over one batch of rollouts, one step per pass.
 
@@ -279,6 +361,8 @@ def _train_on_batch(
             logp = losses.gather_logprobs(logits, mb.response_ids)  # [n_mb, R]
             old = logp.detach() if logp_old is None else logp_old[rows]
             loss = logits.new_zeros(())
+            if regs is not None:  # KL to the previous stage's policy (0 and no forward when its weight is 0)
+                loss = loss + regs.micro_loss(model, mb, logits, mask.sum() / total_tokens, temperature, sums)
             if use_policy:
                 token_loss, clip_low, clip_high = losses.clipped_policy_loss(
                     logp, old, advantages[rows], stage.grpo.epsilon_low, stage.grpo.epsilon_high, stage.grpo.dual_clip
@@ -308,7 +392,8 @@ def _train_on_batch(
                 )  # [n_mb, R]
                 share = _micro_share(d_mask, targets.mask, distill.aggregation)
                 distill_loss = share * losses.aggregate(per_token * weight, d_mask, distill.aggregation, max_len)
-                loss = loss + distill_weight * distill_loss
+                if distill_weight > 0:  # hybrid with λ = 0: logged, not added (GRPO's update exactly)
+                    loss = loss + distill_weight * distill_loss
                 with torch.no_grad():
                     # `sampled` values are a surrogate, not a divergence: log its estimate log p(y) - log q(y).
                     divergence = (
@@ -334,6 +419,11 @@ def _train_on_batch(
                     "entropy",
                     (losses.aggregate(losses.token_entropy(logits), mask, "token_mean") * token_share).item(),
                 )
+        param_loss, param_stats = regs.parameter_loss() if regs is not None else (None, {})
+        if param_loss is not None:  # L2 to the previous ΔW, O-LoRA orthogonality: once per pass
+            param_loss.backward()
+        for key, value in param_stats.items():
+            _add(sums, key, value)
         grad_norm = torch.nn.utils.clip_grad_norm_(params, stage.optim.max_grad_norm)
         _add(sums, "grad_norm", grad_norm.item())
         optimizer.step()

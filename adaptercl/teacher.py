@@ -307,12 +307,9 @@ def create_teacher(model: torch.nn.Module, student: str, frozen: list[str], cfg:
         raise ValueError(
             f"the model already has a teacher adapter {teacher.adapter!r}: restore_teacher it or remove it first"
         )
-    student_cfg = model.peft_config[student]
+    peft_cfg = copy.deepcopy(model.peft_config[student])  # same modules; same shapes and scaling: exact copies
     if cfg.kind == "ema":  # its own rank, scaling 1: the factors hold ΔW_T itself
-        peft_cfg = copy.deepcopy(student_cfg)
         peft_cfg.r, peft_cfg.lora_alpha, peft_cfg.use_rslora = cfg.ema_rank, cfg.ema_rank, False
-    else:  # same shapes and scaling as the student, so the copy is exact
-        peft_cfg = copy.deepcopy(student_cfg)
     peft_cfg.lora_dropout = 0.0
     peft_cfg.inference_mode = True
     _add_frozen_adapter(model, teacher.adapter, peft_cfg)

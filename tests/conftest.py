@@ -11,6 +11,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+# Tiny models are overhead-bound: one thread per process is faster and immune to oversubscription.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 

@@ -1,37 +1,48 @@
-"""Domains: examples (chat prompts + gold answers + optional demonstrations) and a verifiable reward.
+"""Domains: what a stage trains on and what evaluation scores — prompts, gold answers, demonstrations, a reward.
 
-Interim minimal implementation with the agreed interface (builtin arithmetic / mcq / toolcall); the full domain
-layer (real dataset formats, generic loader, data hygiene) replaces it.
+A domain is built from one `DomainConfig` block of the recipe by `load_domain(cfg, seed, num_eval)`:
+
+    domain = load_domain(recipe.domain("math"), seed=recipe.seed, num_eval=recipe.eval.examples_per_domain)
+    for ex in domain.train:                       # Example(id, messages, answer, demonstration)
+        text = tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=False)
+        ...
+        result = domain.reward(completion, ex)    # RewardResult(score, correct, feedback)
+
+Sources (`cfg.source`):
+- `builtin:NAME` — procedural tasks generated from the seed, no download (`builtin.py`): arithmetic, mcq,
+  toolcall, and `copy` (a trivial task for tiny random models).
+- a local `.jsonl/.json/.parquet/.csv` file, a folder holding `<split>.<ext>` files, or a `datasets` hub id
+  (`loading.py`); rows are turned into examples by a format preset (`datasets_formats.py`: gsm8k, math500,
+  sciknoweval, tooluse, arc, boolq, piqa, winogrande) or by `generic` with a field mapping (`cfg.fields`).
+
+The reward is `cfg.reward` when given (a name from `adaptercl.rewards.REWARDS` or `pkg.module:function`),
+otherwise the format's default. `format_patterns` are regexes of this domain's own answer-format tokens; the
+drift monitor counts them in other domains' responses to measure format leakage.
 """
 
 from __future__ import annotations
 
-import json
-import random
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-from adaptercl.config import DomainConfig, RecipeError
 
 
 @dataclass(frozen=True)
 class Example:
     id: str
-    messages: list[dict[str, str]]
-    answer: Any
-    demonstration: str | None = None
+    messages: list[dict[str, str]]  # chat turns ending with the user turn (system first if any)
+    answer: Any  # what the reward checks against (gold)
+    demonstration: str | None = None  # a reference response (SDFT teacher context); None when the source has none
 
 
 @dataclass(frozen=True)
 class RewardResult:
-    score: float
-    correct: bool
-    feedback: str | None = None
+    score: float  # scalar reward used for advantages (correct -> 1.0; may give partial credit e.g. format)
+    correct: bool  # exact task success, used for accuracy
+    feedback: str | None = None  # what was wrong (SDPO teacher context when no sibling succeeded); None if correct
 
 
-RewardFn = Callable[[str, Example], RewardResult]
+RewardFn = Callable[[str, Example], RewardResult]  # (completion text, example) -> result
 
 
 @dataclass
@@ -40,100 +51,12 @@ class Domain:
     train: list[Example]
     eval: list[Example]
     reward: RewardFn
-    format_patterns: list[str] = field(default_factory=list)
-    skipped: int = 0
-    overlap: int = 0
+    format_patterns: list[str]  # regexes of this domain's own answer-format tokens (format-leak detection)
+    skipped: int = 0  # malformed rows skipped (cfg.skip_malformed)
+    overlap: int = 0  # eval prompts that also occurred in train; those train rows were dropped
 
 
-def _arithmetic(rng: random.Random, i: int) -> Example:
-    a, b = rng.randint(2, 30), rng.randint(2, 30)
-    op = rng.choice("+-")
-    value = a + b if op == "+" else a - b
-    msgs = [
-        {"role": "system", "content": "Solve the problem. End with a line 'Answer: N'."},
-        {"role": "user", "content": f"What is {a} {op} {b}?"},
-    ]
-    return Example(f"arith-{i}", msgs, str(value), f"{a} {op} {b} = {value}\nAnswer: {value}")
+# Imported last: the loaders use the dataclasses above.
+from adaptercl.domains.loading import load_domain  # noqa: E402
 
-
-def _arithmetic_reward(text: str, ex: Example) -> RewardResult:
-    found = re.findall(r"Answer:\s*(-?\d+)", text)
-    if not found:
-        return RewardResult(0.0, False, "The response has no line 'Answer: N'.")
-    if found[-1] == ex.answer:
-        return RewardResult(1.0, True)
-    return RewardResult(0.2, False, f"The answer {found[-1]} is wrong.")
-
-
-def _mcq(rng: random.Random, i: int) -> Example:
-    nums = rng.sample(range(1, 100), 4)
-    letter = "ABCD"[nums.index(max(nums))]
-    options = "\n".join(f"{L}. {n}" for L, n in zip("ABCD", nums))
-    msgs = [
-        {"role": "system", "content": "Answer with the letter of the correct option inside <answer></answer> tags."},
-        {"role": "user", "content": f"Which number is the largest?\n{options}"},
-    ]
-    return Example(f"mcq-{i}", msgs, letter, f"<answer>{letter}</answer>")
-
-
-def _mcq_reward(text: str, ex: Example) -> RewardResult:
-    found = re.findall(r"<answer>\s*([A-D])\s*</answer>", text)
-    if not found:
-        return RewardResult(0.0, False, "Put the letter inside <answer></answer> tags.")
-    if found[-1] == ex.answer:
-        return RewardResult(1.0, True)
-    return RewardResult(0.2, False, f"Option {found[-1]} is not correct.")
-
-
-def _toolcall(rng: random.Random, i: int) -> Example:
-    city = rng.choice(["Paris", "Rome", "Oslo", "Lima", "Cairo", "Tokyo"])
-    unit = rng.choice(["celsius", "fahrenheit"])
-    spec = '{"name": "get_weather", "parameters": {"city": "string", "unit": "celsius|fahrenheit"}}'
-    msgs = [
-        {"role": "system", "content": f"Call the tool by replying with one JSON object. Tool: {spec}"},
-        {"role": "user", "content": f"What is the weather in {city} in {unit}?"},
-    ]
-    call = {"name": "get_weather", "arguments": {"city": city, "unit": unit}}
-    return Example(f"tool-{i}", msgs, call, json.dumps(call))
-
-
-def _toolcall_reward(text: str, ex: Example) -> RewardResult:
-    match = re.search(r"\{.*\}", text, re.S)
-    try:
-        call = json.loads(match.group(0)) if match else None
-    except json.JSONDecodeError:
-        call = None
-    if not isinstance(call, dict):
-        return RewardResult(0.0, False, "The response is not a JSON object.")
-    if call == ex.answer:
-        return RewardResult(1.0, True)
-    return RewardResult(0.2, False, f"Expected {json.dumps(ex.answer)}.")
-
-
-BUILTINS = {
-    "arithmetic": (_arithmetic, _arithmetic_reward, [r"Answer:"]),
-    "mcq": (_mcq, _mcq_reward, [r"<answer>"]),
-    "toolcall": (_toolcall, _toolcall_reward, [r"\{\s*\"name\""]),
-}
-
-
-def load_domain(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:
-    if not cfg.source.startswith("builtin:") or cfg.source[8:] not in BUILTINS:
-        raise RecipeError(f"domains.{cfg.name}.source: {cfg.source!r} is not available; builtins: {', '.join(BUILTINS)}")
-    make, reward, patterns = BUILTINS[cfg.source[8:]]
-    if cfg.reward:
-        import importlib
-
-        module, _, fn = cfg.reward.partition(":")
-        reward = getattr(importlib.import_module(module), fn)
-    rng = random.Random(seed)
-    examples, seen = [], set()
-    while len(examples) < num_eval + (cfg.num_train or 500):
-        ex = make(rng, len(examples))
-        key = ex.messages[-1]["content"]
-        if key not in seen:
-            seen.add(key)
-            examples.append(ex)
-        if len(seen) > 5000:
-            break
-    return Domain(cfg.name, examples[num_eval:], examples[:num_eval], reward, patterns)
+__all__ = ["Domain", "Example", "RewardFn", "RewardResult", "load_domain"]

@@ -1,6 +1,7 @@
 """Per-step weight sync into vLLM: adapter-only (adaptercl's way) vs merge-and-push; rollout tokens/s vs transformers.
 
-For each model, in one process and with one engine alive at a time:
+For each model, in one process, with the transformers model, a LoRA `VLLMEngine` and a plain `vllm.LLM` of the
+same base side by side so that the methods can alternate step by step (a shared machine's load then hits both):
 
 1. adapter-only: a `VLLMEngine` with LoRA. Each step changes the adapter in place (a stand-in for an optimiser
    step), then `sync_adapters` + `prepare` (snapshot, PEFT folder, `add_lora` under a new id, `remove_lora` of
@@ -42,7 +43,7 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 HERE = Path(__file__).resolve().parent
 WORKLOADS = {  # prompts x samples x new tokens of the throughput run
     "tiny-random": {"prompts": 8, "n": 8, "max_new_tokens": 64},
-    "smollm2-135m-instruct": {"prompts": 4, "n": 4, "max_new_tokens": 64},
+    "smollm2-135m-instruct": {"prompts": 4, "n": 4, "max_new_tokens": 32},
 }
 QUESTIONS = [
     "What is 17 * 23?",
@@ -109,36 +110,48 @@ def bench_model(name: str, steps: int, rank: int) -> dict:
     sampled = SamplingParams(max_new_tokens=work["max_new_tokens"], temperature=1.0, n=work["n"], seed=0)
     out: dict = {"base_parameters": n_params, "lora_parameters": n_lora, "lora_rank": rank, "workload": work}
 
-    # ---- transformers engine: reference tokens and throughput
     hf = HFEngine(model, tok)
-    hf.generate(prompts[:1], ["student"], one_token)  # warm-up
-    out["hf_tokens_per_s"] = throughput(hf, prompts, sampled)
-
-    # ---- adapter-only sync
     t0 = time.perf_counter()
     engine = VLLMEngine(model, tok, base.path, dtype=torch.float32, max_lora_rank=rank, max_loras=1)
     out["vllm_engine_start_s"] = time.perf_counter() - t0
-    engine.generate(prompts, ["student"], one_token)  # warm-up, first version registered
-    out["vllm_tokens_per_s"] = throughput(engine, prompts, sampled)
-    sync_s, first_rollout_extra_s = [], []
+    plain = PlainEngine(base, prompts)  # the merge-and-push target: the same base without LoRA
+    hf.generate(prompts[:1], ["student"], one_token)  # warm-ups; the first adapter version is registered
+    engine.generate(prompts, ["student"], one_token)
+
+    # The two methods alternate step by step, so both see the same load on a shared machine.
+    adapter_sync, adapter_extra, push, push_extra = [], [], [], []
     for _ in range(steps):
         perturb(model, scale=0.01)
         t0 = time.perf_counter()
         engine.sync_adapters(["student"])
         engine.prepare(["student"])
-        sync_s.append(time.perf_counter() - t0)
+        adapter_sync.append(time.perf_counter() - t0)
         first = timed(lambda: engine.generate(prompts, ["student"], one_token))
-        first_rollout_extra_s.append(first - timed(lambda: engine.generate(prompts, ["student"], one_token)))
-    out["adapter_only"] = summary(sync_s, first_rollout_extra_s)
+        adapter_extra.append(first - timed(lambda: engine.generate(prompts, ["student"], one_token)))
+
+        perturb(model, scale=0.01)
+        t0 = time.perf_counter()
+        merge_and_push(model, plain.llm)
+        push.append(time.perf_counter() - t0)
+        first = timed(plain.one_token)
+        push_extra.append(first - timed(plain.one_token))
+    out["adapter_only"] = summary(adapter_sync, adapter_extra)
+    out["merge_and_push"] = summary(push, push_extra)
     out["adapter_only"]["loras_listed_by_vllm"] = len(engine.engine_lora_ids())
     reference = [g[0].token_ids for g in hf.generate(prompts, ["student"], greedy)]
     out["adapter_only"]["greedy_matches_transformers"] = reference == [
         g[0].token_ids for g in engine.generate(prompts, ["student"], greedy)
     ]
-    engine.close()
+    out["merge_and_push"]["greedy_matches_transformers"] = reference == plain.greedy(16, hf.stop_ids)
 
-    # ---- merge-and-push into a plain engine of the same base
-    out["merge_and_push"] = bench_merge_and_push(model, base, prompts, steps, hf)
+    # Throughput: the engines alternate too; best of two runs each.
+    hf_rates, vllm_rates = [], []
+    for _ in range(2):
+        hf_rates.append(throughput(hf, prompts, sampled))
+        vllm_rates.append(throughput(engine, prompts, sampled))
+    out["hf_tokens_per_s"], out["vllm_tokens_per_s"] = max(hf_rates), max(vllm_rates)
+    engine.close()
+    plain.close()
 
     out["sync_cost_ratio_merge_push_over_adapter"] = (
         out["merge_and_push"]["per_step_total_s_median"] / out["adapter_only"]["per_step_total_s_median"]
@@ -147,43 +160,40 @@ def bench_model(name: str, steps: int, rank: int) -> dict:
     return out
 
 
-def bench_merge_and_push(model, base, prompts: list[list[int]], steps: int, hf) -> dict:
-    from vllm import LLM
-    from vllm import SamplingParams as VllmSamplingParams
+class PlainEngine:
+    """A `vllm.LLM` of the same base without LoRA: what merge-and-push loads weights into."""
 
-    from adaptercl.rollout import SamplingParams
-    from adaptercl.rollout.hf import HFEngine
-    from adaptercl.rollout.vllm import servable_base_path
+    def __init__(self, base, prompts: list[list[int]]):
+        from vllm import LLM
 
-    scratch = Path(tempfile.mkdtemp(prefix="bench-vllm-sync-"))
-    llm = LLM(
-        model=servable_base_path(base.path, scratch / "base"),
-        dtype="float32",
-        seed=0,
-        enforce_eager=True,
-        kv_cache_memory_bytes=1 << 30,
-        max_model_len=min(2048, base.model.config.max_position_embeddings),
-    )
-    token_prompts = [{"prompt_token_ids": p} for p in prompts]
-    one = VllmSamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-    llm.generate(token_prompts, one, use_tqdm=False)
-    push_s, first_rollout_extra_s = [], []
-    for _ in range(steps):
-        perturb(model, scale=0.01)
-        t0 = time.perf_counter()
-        merge_and_push(model, llm)
-        push_s.append(time.perf_counter() - t0)
-        first = timed(lambda: llm.generate(token_prompts, one, use_tqdm=False))
-        first_rollout_extra_s.append(first - timed(lambda: llm.generate(token_prompts, one, use_tqdm=False)))
-    out = summary(push_s, first_rollout_extra_s)
-    greedy = VllmSamplingParams(
-        max_tokens=16, temperature=0.0, detokenize=False, stop_token_ids=HFEngine(model, base.tokenizer).stop_ids
-    )
-    pushed = llm.generate(token_prompts, greedy, use_tqdm=False)
-    reference = [g[0].token_ids for g in hf.generate(prompts, ["student"], SamplingParams(16, greedy=True))]
-    out["greedy_matches_transformers"] = reference == [list(o.outputs[0].token_ids) for o in pushed]
-    shutil.rmtree(scratch, ignore_errors=True)
-    return out
+        from adaptercl.rollout.vllm import servable_base_path
+
+        self.scratch = Path(tempfile.mkdtemp(prefix="bench-vllm-sync-"))
+        self.llm = LLM(
+            model=servable_base_path(base.path, self.scratch / "base"),
+            dtype="float32",
+            seed=0,
+            enforce_eager=True,
+            kv_cache_memory_bytes=1 << 30,
+            max_model_len=min(2048, base.model.config.max_position_embeddings),
+        )
+        self.prompts = [{"prompt_token_ids": p} for p in prompts]
+
+    def one_token(self) -> None:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+        self.llm.generate(self.prompts, params, use_tqdm=False)
+
+    def greedy(self, max_tokens: int, stop_ids: list[int]) -> list[list[int]]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, detokenize=False, stop_token_ids=stop_ids)
+        return [list(o.outputs[0].token_ids) for o in self.llm.generate(self.prompts, params, use_tqdm=False)]
+
+    def close(self) -> None:
+        del self.llm
+        shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 def perturb(model, scale: float) -> None:
@@ -216,15 +226,11 @@ def merge_and_push(model, llm) -> None:
             model.unmerge_adapter()
 
 
-def throughput(engine, prompts, params, repeats: int = 2) -> float:
-    """Generated tokens per second under the adapter, best of `repeats` runs of the same seeded workload."""
-    best = 0.0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        groups = engine.generate(prompts, ["student"], params)
-        elapsed = time.perf_counter() - t0
-        best = max(best, sum(len(c.token_ids) for g in groups for c in g) / elapsed)
-    return best
+def throughput(engine, prompts, params) -> float:
+    """Generated tokens per second of one seeded sampled workload under the adapter."""
+    t0 = time.perf_counter()
+    groups = engine.generate(prompts, ["student"], params)
+    return sum(len(c.token_ids) for g in groups for c in g) / (time.perf_counter() - t0)
 
 
 def timed(fn) -> float:

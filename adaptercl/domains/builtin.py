@@ -1,0 +1,202 @@
+"""Built-in procedural domains (`source: builtin:NAME`): generated from the seed, no download, short answers.
+
+| name       | task                                         | answer format            | reward     |
+|------------|----------------------------------------------|--------------------------|------------|
+| arithmetic | single-digit + - x, several phrasings        | `... The answer is N.`   | arithmetic |
+| mcq        | pick the member of a category (3 options)    | `<answer>X</answer>`     | mcq        |
+| toolcall   | one JSON call of a function listed in prompt | `{"name":..,"arguments":..}` | json_call |
+| copy       | repeat a given word (for tiny random models) | the word                 | copy       |
+
+Each example has a system prompt, a gold answer, and a demonstration (a correct reference response, so SDFT runs
+on these too). The formats are distinct per domain, so format leakage between them is measurable.
+
+Sized for the CPU quickstart (SmolLM2-135M-Instruct, GRPO, ~20-30 steps per domain): responses fit in ~32 tokens
+and the base model succeeds on some prompts but not most, with the gap mostly in format and strategy. Measured
+numbers are in the README; how they were chosen:
+- arithmetic: the base model follows the 'The answer is N.' phrasing on some question templates and not on others,
+  and it is more often right when it writes the equation before the answer (the demonstrations do).
+- mcq: instructions alone never made the 135M model use answer tags; a one-shot exchange (a worked question and
+  its tagged answer, as chat turns) does. The model picks options near chance, so what it can learn here is
+  mostly the format under sampling; larger models also learn the content.
+- toolcall: the function spec and the expected JSON shape are given; most misses are the wrong value or shape.
+
+Train and eval are disjoint by task content (the arithmetic fact, the question, the request), not only by
+phrasing; eval is generated first from its own seed stream, so it does not depend on `num_train`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+
+from adaptercl.config import DomainConfig, RecipeError
+from adaptercl.domains import Domain, Example
+
+Messages = list[dict[str, str]]
+Made = tuple[Messages, object, str, object]  # (messages, gold answer, demonstration, content key)
+DEFAULT_NUM_TRAIN = 1000
+
+# ---------------------------------------------------------------------------------------------------- arithmetic
+
+ARITHMETIC_SYSTEM = "You are a calculator. Finish your reply with 'The answer is N.' where N is the result."
+ARITHMETIC_TEMPLATES = {
+    "+": ["What is {a} + {b}?", "Add {a} and {b}.", "{a} + {b} = ?", "Compute {a} + {b}.", "What is {a} plus {b}?"],
+    "-": [
+        "What is {a} - {b}?",
+        "Subtract {b} from {a}.",
+        "{a} - {b} = ?",
+        "Compute {a} - {b}.",
+        "What is {a} minus {b}?",
+    ],
+    "*": [
+        "What is {a} * {b}?",
+        "Multiply {a} and {b}.",
+        "{a} * {b} = ?",
+        "Compute {a} * {b}.",
+        "What is {a} times {b}?",
+    ],
+}
+
+
+def make_arithmetic(rng: random.Random) -> Made:
+    op = rng.choice("+-*")
+    a, b = rng.randint(1, 9), rng.randint(1, 9)
+    if op == "-" and b > a:
+        a, b = b, a
+    if op == "*":
+        a = rng.randint(2, 5)
+    value = a + b if op == "+" else a - b if op == "-" else a * b
+    question = rng.choice(ARITHMETIC_TEMPLATES[op]).format(a=a, b=b)
+    messages = [{"role": "system", "content": ARITHMETIC_SYSTEM}, {"role": "user", "content": question}]
+    return messages, str(value), f"{a} {op} {b} = {value}. The answer is {value}.", (a, op, b)
+
+
+# ---------------------------------------------------------------------------------------------------- mcq
+
+MCQ_SYSTEM = "Answer the multiple-choice question with the letter of the correct option inside answer tags."
+CATEGORIES = {
+    "an animal": ["dog", "cat", "horse", "cow", "lion", "tiger", "rabbit", "mouse", "bear", "sheep", "goat", "fox"],
+    "a color": ["red", "blue", "green", "yellow", "black", "white", "pink", "brown", "orange", "purple", "grey"],
+    "a fruit": ["apple", "banana", "cherry", "grape", "lemon", "mango", "peach", "pear", "plum", "melon", "kiwi"],
+    "a tool": ["hammer", "saw", "drill", "wrench", "shovel", "rake", "chisel", "pliers", "ladder", "axe", "file"],
+    "a country": ["France", "Japan", "Brazil", "Canada", "Egypt", "India", "Italy", "Mexico", "Spain", "Kenya"],
+    "a vehicle": ["car", "bus", "truck", "bicycle", "train", "boat", "plane", "tram", "scooter", "van", "taxi"],
+    "a body part": ["hand", "foot", "nose", "ear", "elbow", "knee", "shoulder", "finger", "ankle", "chin", "neck"],
+}
+MCQ_OPTIONS = 3
+MCQ_SHOT = [
+    {"role": "user", "content": "Which of these is a planet?\nA. chair\nB. Mars\nC. violin"},
+    {"role": "assistant", "content": "<answer>B</answer>"},
+]
+
+
+def make_mcq(rng: random.Random) -> Made:
+    category = rng.choice(sorted(CATEGORIES))
+    right = rng.choice(CATEGORIES[category])
+    others = [rng.choice(CATEGORIES[c]) for c in rng.sample(sorted(set(CATEGORIES) - {category}), MCQ_OPTIONS - 1)]
+    options = [right, *others]
+    rng.shuffle(options)
+    letter = "ABCD"[options.index(right)]
+    question = f"Which of these is {category}?\n" + "\n".join(f"{L}. {o}" for L, o in zip("ABCD", options))
+    messages = [{"role": "system", "content": MCQ_SYSTEM}, *MCQ_SHOT, {"role": "user", "content": question}]
+    return messages, letter, f"<answer>{letter}</answer>", question
+
+
+# ---------------------------------------------------------------------------------------------------- toolcall
+
+TOOLCALL_SYSTEM = (
+    "You can call this function:\n{spec}\n"
+    'Reply with only a JSON object of the form {{"name": "<function name>", "arguments": {{<argument values>}}}}.'
+)
+CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "Cairo", "Lima", "Oslo", "Sydney", "Boston", "Delhi"]
+PEOPLE = ["Anna", "Ben", "Carla", "David", "Emma", "Frank", "Grace", "Hugo", "Iris", "Jack", "Lena", "Omar"]
+ITEMS = ["milk", "bread", "eggs", "rice", "coffee", "apples", "butter", "cheese", "pasta", "tea", "honey", "salt"]
+SONGS = ["Yesterday", "Imagine", "Hello", "Thriller", "Halo", "Believer", "Roar", "Happy", "Faded", "Perfect"]
+FUNCTIONS = [
+    ("get_weather", "city", "the city name", CITIES, ["What's the weather in {v}?", "Is it raining in {v} today?"]),
+    ("get_time", "city", "the city name", CITIES, ["What time is it in {v}?", "Tell me the local time in {v}."]),
+    ("call_contact", "name", "the person to call", PEOPLE, ["Call {v}.", "Please phone {v} for me."]),
+    (
+        "add_to_list",
+        "item",
+        "what to add to the shopping list",
+        ITEMS,
+        ["Add {v} to my shopping list.", "I need {v}."],
+    ),
+    ("play_song", "title", "the song title", SONGS, ["Play {v}.", "Put on the song {v}, please."]),
+    ("set_timer", "minutes", "length in minutes (integer)", list(range(1, 61)), ["Set a timer for {v} minutes."]),
+]
+
+
+def make_toolcall(rng: random.Random) -> Made:
+    name, arg, doc, values, templates = rng.choice(FUNCTIONS)
+    value = rng.choice(values)
+    kind = "integer" if isinstance(value, int) else "string"
+    spec = json.dumps({"name": name, "parameters": {arg: f"{kind}, {doc}"}})
+    request = rng.choice(templates).format(v=value)
+    call = {"name": name, "arguments": {arg: value}}
+    messages = [
+        {"role": "system", "content": TOOLCALL_SYSTEM.format(spec=spec)},
+        {"role": "user", "content": request},
+    ]
+    return messages, call, json.dumps(call), (name, value)
+
+
+# ---------------------------------------------------------------------------------------------------- copy
+
+COPY_TEMPLATES = ["Repeat the word: {w}", "Say {w}.", "Write the word {w}."]
+
+
+def make_copy(rng: random.Random) -> Made:
+    word = "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou") for _ in range(rng.randint(2, 3)))
+    messages = [
+        {"role": "system", "content": "Reply with the requested word only."},
+        {"role": "user", "content": rng.choice(COPY_TEMPLATES).format(w=word)},
+    ]
+    return messages, word, word, word
+
+
+# name -> (generator, reward name, format patterns)
+BUILTINS: dict[str, tuple[Callable[[random.Random], Made], str, list[str]]] = {
+    "arithmetic": (make_arithmetic, "arithmetic", [r"[Tt]he answer is"]),
+    "mcq": (make_mcq, "mcq", [r"<answer>", r"</answer>"]),
+    "toolcall": (make_toolcall, "json_call", [r"\{\s*\"name\"\s*:", r"\"arguments\"\s*:"]),
+    "copy": (make_copy, "copy", []),
+}
+
+
+def load_builtin(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:
+    """Generate eval then train examples; train never repeats an eval task (compared by content key)."""
+    from adaptercl.rewards import REWARDS
+
+    task = cfg.source.removeprefix("builtin:")
+    if task not in BUILTINS:
+        raise RecipeError(f"domains.{cfg.name}.source: unknown builtin {task!r}; builtins: {', '.join(BUILTINS)}")
+    make, reward_name, patterns = BUILTINS[task]
+    eval_examples, eval_keys = _generate(make, random.Random(f"{seed}-{task}-eval"), num_eval, set(), cfg.name, "eval")
+    train, _ = _generate(
+        make, random.Random(f"{seed}-{task}-train"), cfg.num_train or DEFAULT_NUM_TRAIN, eval_keys, cfg.name, "train"
+    )
+    if not train:
+        raise RecipeError(f"domains.{cfg.name}: builtin {task!r} has no tasks left for training after {num_eval} eval")
+    return Domain(cfg.name, train, eval_examples, REWARDS[reward_name], list(patterns))
+
+
+def _generate(
+    make: Callable[[random.Random], Made], rng: random.Random, count: int, exclude: set, name: str, split: str
+) -> tuple[list[Example], set]:
+    """Up to `count` examples with content keys not in `exclude`; repeats allowed within a split once the distinct
+    space runs out (train of a small task), never across splits."""
+    examples, keys, seen_prompts = [], set(), set()
+    attempts = 0
+    while len(examples) < count and attempts < 50 * count:
+        attempts += 1
+        messages, answer, demo, key = make(rng)
+        prompt = messages[-1]["content"]
+        if key in exclude or (prompt in seen_prompts and attempts < 20 * count):
+            continue
+        seen_prompts.add(prompt)
+        keys.add(key)
+        examples.append(Example(f"{name}/{split}/{len(examples)}", messages, answer, demo))
+    return examples, keys

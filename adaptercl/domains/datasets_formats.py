@@ -1,0 +1,239 @@
+"""Row formats of real datasets: how one row becomes (messages, gold answer, demonstration), and which reward.
+
+`FORMATS[name]` is a `RowFormat`; `loading.py` reads the rows and calls `to_example(row, cfg)`. A row missing a
+field, or with a field of the wrong kind, raises `MalformedRow(field, problem)`, which the loader turns into one
+line naming the file and row (or skips and counts with `skip_malformed`).
+
+| format      | fields (as in the files of ../shared/data and on the hub)     | reward        | demonstration        |
+|-------------|---------------------------------------------------------------|---------------|----------------------|
+| gsm8k       | question, answer (rationale ending in `#### N`)               | final_number  | rationale, `<<>>` cut |
+| math500     | problem, answer, solution                                     | boxed_math    | solution             |
+| sciknoweval | prompt (options inside), answer (letter), system              | answer_tag    | none                 |
+| tooluse     | prompt (tool docs + question), answer (JSON list of actions)  | action_calls  | built from the gold  |
+| arc         | query/choices/gold or question/choices{text,label}/answerKey  | choice_letter | `response` if right  |
+| boolq       | sentence ("question: ...\\npassage: ..."), label True/False   | choice_letter | none                 |
+| piqa        | query, choices, gold                                          | choice_letter | none                 |
+| winogrande  | context_options, continuation, gold                           | choice_letter | none                 |
+| generic     | `cfg.fields`: prompt, answer, [demonstration], [system]       | cfg.reward    | mapped field         |
+
+Prompts: gsm8k asks for `#### N` on the last line (the dataset's own rationale format, so the demonstration
+matches it); math500 uses the usual "put your final answer within \\boxed{}" suffix; sciknoweval keeps the row's
+system prompt and user prompt as the SDPO data does; tooluse sends the ToolAlpaca prompt as the single user turn,
+as the SDFT/SDPO code does. The retention probes (arc, boolq, piqa, winogrande) list lettered options and ask for
+the letter; they declare no format pattern of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from adaptercl.config import DomainConfig
+
+Messages = list[dict[str, str]]
+LETTERS = "ABCDEFGHIJ"
+
+GSM8K_SYSTEM = "Solve the math problem step by step. Give the final answer on the last line as '#### <number>'."
+MATH_SUFFIX = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+PROBE_SUFFIX = "\n\nAnswer with the letter of the correct option."
+
+
+class MalformedRow(ValueError):
+    """A row that cannot become an example: `field` names the culprit."""
+
+    def __init__(self, field: str | None, problem: str):
+        super().__init__(f"field {field!r} {problem}" if field else problem)
+        self.field = field
+
+
+@dataclass(frozen=True)
+class RowFormat:
+    to_example: Callable[[dict, DomainConfig], tuple[Messages, Any, str | None]]
+    reward: str | None  # default reward name (REWARDS); None = cfg.reward is required
+    format_patterns: list[str]
+
+
+def need(row: dict, field: str, kind: type | tuple[type, ...] = str) -> Any:
+    """row[field], which must exist, not be None/empty and be of `kind`."""
+    if field not in row or row[field] is None:
+        raise MalformedRow(field, "is missing")
+    value = row[field]
+    allowed = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        names = " or ".join(k.__name__ for k in allowed)
+        raise MalformedRow(field, f"must be {names}, got {type(value).__name__}")
+    if isinstance(value, str | list | dict) and len(value) == 0:
+        raise MalformedRow(field, "is empty")
+    return value
+
+
+def chat(user: str, system: str | None) -> Messages:
+    return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+
+
+def lettered(options: list[str]) -> str:
+    return "\n".join(f"{LETTERS[i]}. {str(text).strip()}" for i, text in enumerate(options))
+
+
+def gold_index(row: dict, field: str, n_options: int) -> int:
+    value = need(row, field, (int, str))
+    try:
+        index = int(value)
+    except ValueError:
+        raise MalformedRow(field, f"must be an option index, got {value!r}") from None
+    if not 0 <= index < n_options:
+        raise MalformedRow(field, f"index {index} is out of range for {n_options} options")
+    return index
+
+
+# ---------------------------------------------------------------------------------------------------- math
+
+
+def gsm8k_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
+    question, solution = need(row, "question"), need(row, "answer")
+    if "####" not in solution:
+        raise MalformedRow("answer", "has no '#### <number>' final answer")
+    gold = solution.rsplit("####", 1)[1].strip().replace(",", "")
+    if not re.fullmatch(r"-?\d+(\.\d+)?", gold):
+        raise MalformedRow("answer", f"final answer {gold!r} is not a number")
+    demo = re.sub(r"<<[^<>]*>>", "", solution).strip()  # drop calculator annotations
+    return chat(question, cfg.system_prompt or GSM8K_SYSTEM), gold, demo
+
+
+def math500_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
+    problem, answer = need(row, "problem"), need(row, "answer")
+    solution = row.get("solution") if isinstance(row.get("solution"), str) else None
+    return chat(problem + MATH_SUFFIX, cfg.system_prompt), answer, solution
+
+
+# ---------------------------------------------------------------------------------------------------- SDPO sets
+
+
+def sciknoweval_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
+    prompt, answer = need(row, "prompt"), need(row, "answer").strip().upper()
+    if not re.fullmatch(r"[A-Z]", answer):
+        raise MalformedRow("answer", f"must be one option letter, got {row['answer']!r}")
+    system = cfg.system_prompt or (row.get("system") if isinstance(row.get("system"), str) else None)
+    return chat(prompt, system), answer, None
+
+
+def tooluse_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
+    prompt, raw = need(row, "prompt"), need(row, "answer", (str, list))
+    try:
+        actions = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError as err:
+        raise MalformedRow("answer", f"is not JSON ({err.msg})") from None
+    if not isinstance(actions, list) or not actions:
+        raise MalformedRow("answer", "must be a non-empty list of {Action, Action_Input}")
+    lines = []
+    for item in actions:
+        if not isinstance(item, dict) or not isinstance(item.get("Action"), str):
+            raise MalformedRow("answer", "has an item without an 'Action' name")
+        action_input = item.get("Action_Input", "{}")
+        if not isinstance(action_input, str):
+            action_input = json.dumps(action_input, ensure_ascii=False)
+        lines += [f"Action: {item['Action']}", f"Action Input: {action_input}"]
+    return chat(prompt, cfg.system_prompt), actions, "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------- probes
+
+
+def probe(question: str, options: list[str], gold: int, cfg: DomainConfig, demo: str | None = None):
+    return chat(f"{question.strip()}\n{lettered(options)}{PROBE_SUFFIX}", cfg.system_prompt), LETTERS[gold], demo
+
+
+def checked_demonstration(response: Any, letter: str) -> str | None:
+    """A model-written rationale (ARC's `response`) only when it ends up choosing the gold option: 39 of the 1172
+    rows of challenge_test choose another."""
+    from adaptercl.rewards import extract_choice_letter  # here: rewards imports this package
+
+    return response if isinstance(response, str) and extract_choice_letter(response) == letter else None
+
+
+def arc_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
+    if isinstance(row.get("choices"), dict):  # allenai/ai2_arc layout (question, choices{text,label}, answerKey)
+        question, choices = need(row, "question"), need(row, "choices", dict)
+        texts, labels = choices.get("text"), choices.get("label")
+        if not isinstance(texts, list) or not isinstance(labels, list) or len(texts) != len(labels) or not texts:
+            raise MalformedRow("choices", "must hold equal-length lists 'text' and 'label'")
+        key = str(need(row, "answerKey", (str, int)))
+        if key not in [str(label) for label in labels]:
+            raise MalformedRow("answerKey", f"{key!r} is not one of the labels {labels}")
+        gold = [str(label) for label in labels].index(key)
+        return probe(question, texts, gold, cfg, checked_demonstration(row.get("response"), LETTERS[gold]))
+    query, options = need(row, "query"), need(row, "choices", list)  # lm-eval layout (query, choices, gold)
+    return probe(query, options, gold_index(row, "gold", len(options)), cfg)
+
+
+def boolq_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
+    sentence, label = need(row, "sentence"), need(row, "label", (str, bool))
+    truth = {"true": True, "false": False}.get(str(label).strip().lower())
+    if truth is None:
+        raise MalformedRow("label", f"must be True or False, got {label!r}")
+    m = re.match(r"\s*question:\s*(.*?)\npassage:\s*(.*)", sentence, re.S)
+    text = f"Passage: {m.group(2).strip()}\nQuestion: {m.group(1).strip()}?" if m else sentence
+    return probe(text, ["yes", "no"], 0 if truth else 1, cfg)
+
+
+def piqa_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
+    query, options = need(row, "query"), need(row, "choices", list)
+    return probe(query, options, gold_index(row, "gold", len(options)), cfg)
+
+
+def winogrande_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
+    contexts, ending = need(row, "context_options", list), need(row, "continuation")
+    options = [f"{str(c).strip()} {ending.strip()}" for c in contexts]
+    return probe("Which sentence makes more sense?", options, gold_index(row, "gold", len(options)), cfg)
+
+
+# ---------------------------------------------------------------------------------------------------- generic
+
+GENERIC_FIELDS = ("prompt", "answer", "demonstration", "system")
+
+
+def generic_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
+    """cfg.fields maps prompt/answer (required) and demonstration/system (optional) to dataset fields.
+
+    The prompt field may hold a string (the user turn) or a list of chat messages.
+    """
+    fields = {key: cfg.fields.get(key, key) for key in GENERIC_FIELDS}
+    prompt = need(row, fields["prompt"], (str, list))
+    if fields["answer"] not in row or row[fields["answer"]] is None:
+        raise MalformedRow(fields["answer"], "is missing")
+    answer = row[fields["answer"]]
+    demo = row.get(fields["demonstration"])
+    if demo is not None and not isinstance(demo, str):
+        raise MalformedRow(fields["demonstration"], f"must be str, got {type(demo).__name__}")
+    system = cfg.system_prompt
+    if system is None and "system" in cfg.fields:
+        system = row.get(fields["system"]) if isinstance(row.get(fields["system"]), str) else None
+    if isinstance(prompt, str):
+        return chat(prompt, system), answer, demo
+    ok = all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
+    )
+    if not ok or prompt[-1]["role"] != "user":
+        raise MalformedRow(fields["prompt"], "must be a string or chat messages ending with a user turn")
+    messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+    if system and messages[0]["role"] != "system":
+        messages.insert(0, {"role": "system", "content": system})
+    return messages, answer, demo
+
+
+PROBE_PATTERNS: list[str] = []
+
+FORMATS: dict[str, RowFormat] = {
+    "gsm8k": RowFormat(gsm8k_example, "final_number", [r"####"]),
+    "math500": RowFormat(math500_example, "boxed_math", [r"\\boxed"]),
+    "sciknoweval": RowFormat(sciknoweval_example, "answer_tag", [r"<answer>", r"</answer>"]),
+    "tooluse": RowFormat(tooluse_example, "action_calls", [r"Action:", r"Action Input:"]),
+    "arc": RowFormat(arc_example, "choice_letter", PROBE_PATTERNS),
+    "boolq": RowFormat(boolq_example, "choice_letter", PROBE_PATTERNS),
+    "piqa": RowFormat(piqa_example, "choice_letter", PROBE_PATTERNS),
+    "winogrande": RowFormat(winogrande_example, "choice_letter", PROBE_PATTERNS),
+    "generic": RowFormat(generic_example, None, []),
+}

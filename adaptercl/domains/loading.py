@@ -1,0 +1,211 @@
+"""`load_domain`: a `DomainConfig` -> a `Domain` (rows read, examples made, splits, hygiene). Deterministic per seed.
+
+Where rows come from:
+- `builtin:NAME` -> `builtin.py` (generated, no files);
+- a local file (.jsonl, .json list of objects, .parquet, .csv): training rows; evaluation rows from `eval_file`
+  when given, else held out from the training rows;
+- a local folder: `<train_split>.<ext>` and `<eval_split>.<ext>` inside it (e.g. gsm8k/train.jsonl, test.jsonl);
+- anything else is a `datasets` hub id: `load_dataset(source, subset, split=...)` (never called in tests).
+
+Splits and hygiene, in this order:
+1. eval = the first `num_eval` usable rows of the evaluation rows, in file order; with no evaluation rows, the
+   training rows are shuffled with the seed and the first `num_eval` are held out;
+2. train = the remaining training rows, shuffled with the seed;
+3. train rows whose prompt (all messages, whitespace-normalised) equals an eval prompt are dropped and counted in
+   `Domain.overlap` (a warning is logged);
+4. `num_train` caps what is left.
+A malformed row raises `RecipeError` naming the file, row and field; with `skip_malformed` it is skipped and counted
+in `Domain.skipped`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import adaptercl.rewards as rewards  # module import: rewards imports this package (see rewards.py)
+from adaptercl.config import DomainConfig, RecipeError
+from adaptercl.domains import Domain, Example
+from adaptercl.domains.builtin import load_builtin
+from adaptercl.domains.datasets_formats import FORMATS, MalformedRow, RowFormat
+
+log = logging.getLogger(__name__)
+
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+
+
+def load_domain(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:
+    """Build the domain of one recipe block: examples, eval set, reward, format patterns (see module docstring)."""
+    if cfg.source.startswith("builtin:"):
+        domain = load_builtin(cfg, seed, num_eval)
+        if cfg.reward:
+            domain.reward = rewards.resolve_reward(cfg.reward)
+        if cfg.format_patterns is not None:
+            domain.format_patterns = list(cfg.format_patterns)
+        return domain
+
+    fmt_name = cfg.format or "generic"
+    fmt = FORMATS[fmt_name]
+    reward_name = cfg.reward or fmt.reward
+    if reward_name is None:
+        raise RecipeError(
+            f"domains.{cfg.name}.reward: the {fmt_name} format needs a reward (a REWARDS name or pkg.mod:fn)"
+        )
+    reward = rewards.resolve_reward(reward_name)
+    if fmt_name == "generic" and not cfg.fields and cfg.format is None:
+        log.info("domains.%s: no format given; reading fields prompt/answer/demonstration/system", cfg.name)
+
+    train_source, eval_source = _sources(cfg)
+    skipped = [0]
+    if eval_source is not None:
+        eval_examples = _examples(cfg, fmt, eval_source, "eval", skipped, limit=num_eval)
+        train_examples = _examples(cfg, fmt, train_source, "train", skipped)
+        random.Random(seed).shuffle(train_examples)
+    else:
+        train_examples = _examples(cfg, fmt, train_source, "train", skipped)
+        random.Random(seed).shuffle(train_examples)
+        eval_examples, train_examples = train_examples[:num_eval], train_examples[num_eval:]
+
+    eval_keys = {prompt_key(ex.messages) for ex in eval_examples}
+    kept = [ex for ex in train_examples if prompt_key(ex.messages) not in eval_keys]
+    overlap = len(train_examples) - len(kept)
+    if overlap:
+        log.warning(
+            "domains.%s: %d training prompts also occur in the eval set; dropped from train", cfg.name, overlap
+        )
+    if skipped[0]:
+        log.warning("domains.%s: skipped %d malformed rows", cfg.name, skipped[0])
+    if cfg.num_train is not None:
+        kept = kept[: cfg.num_train]
+    if not kept:
+        raise RecipeError(f"domains.{cfg.name}: no training examples left (source {cfg.source})")
+    patterns = list(cfg.format_patterns) if cfg.format_patterns is not None else list(fmt.format_patterns)
+    return Domain(cfg.name, kept, eval_examples, reward, patterns, skipped=skipped[0], overlap=overlap)
+
+
+def prompt_key(messages: list[dict[str, str]]) -> tuple[tuple[str, str], ...]:
+    """What makes two prompts identical: roles and whitespace-normalised contents of all turns."""
+    return tuple((m["role"], " ".join(m["content"].split())) for m in messages)
+
+
+# ---------------------------------------------------------------------------------------------------- sources
+
+Source = tuple[str, Any]  # ("file", Path) or ("hub", split name)
+
+
+def _sources(cfg: DomainConfig) -> tuple[Source, Source | None]:
+    """(training source, evaluation source or None = hold out)."""
+    path = Path(cfg.source).expanduser()
+    eval_file = None
+    if cfg.eval_file:
+        eval_file = Path(cfg.eval_file).expanduser()
+        if not eval_file.is_file():
+            raise RecipeError(f"domains.{cfg.name}.eval_file: {cfg.eval_file} does not exist")
+    if path.is_file():
+        return ("file", path), ("file", eval_file) if eval_file else None
+    if path.is_dir():
+        train = ("file", _split_file(cfg, path, cfg.train_split, "train_split"))
+        if eval_file:
+            return train, ("file", eval_file)
+        if cfg.eval_split is None:
+            return train, None
+        return train, ("file", _split_file(cfg, path, cfg.eval_split, "eval_split"))
+    if path.suffix in FILE_SUFFIXES or cfg.source.startswith(("/", ".", "~")):
+        raise RecipeError(f"domains.{cfg.name}.source: {cfg.source} does not exist")
+    train = ("hub", cfg.train_split)
+    if eval_file:
+        return train, ("file", eval_file)
+    return train, ("hub", cfg.eval_split) if cfg.eval_split else None
+
+
+def _split_file(cfg: DomainConfig, folder: Path, split: str, key: str) -> Path:
+    for suffix in FILE_SUFFIXES:
+        if (folder / f"{split}{suffix}").is_file():
+            return folder / f"{split}{suffix}"
+    present = sorted(p.stem for p in folder.iterdir() if p.suffix in FILE_SUFFIXES)
+    raise RecipeError(
+        f"domains.{cfg.name}.{key}: no {split}.jsonl/.json/.parquet/.csv in {folder}; files there: {present}"
+        + ("; set eval_split: null to hold out from train" if key == "eval_split" else "")
+    )
+
+
+def _examples(
+    cfg: DomainConfig, fmt: RowFormat, source: Source, split: str, skipped: list[int], limit: int | None = None
+) -> list[Example]:
+    """Examples of one source in row order; stops after `limit` usable rows."""
+    kind, where = source
+    if kind == "hub":
+        where_text, rows = f"{cfg.source}[{where}]", _hub_rows(cfg, where)
+    else:
+        where_text, rows = str(where), read_rows(where)
+    out = []
+    for number, row in rows:
+        try:
+            if isinstance(row, InvalidLine):
+                raise MalformedRow(None, f"invalid JSON ({row.message})")
+            if not isinstance(row, dict):
+                raise MalformedRow(None, f"must be a JSON object, got {type(row).__name__}")
+            messages, answer, demo = fmt.to_example(row, cfg)
+        except MalformedRow as err:
+            if not cfg.skip_malformed:
+                raise RecipeError(f"domains.{cfg.name}: {where_text}: row {number}: {err}") from None
+            skipped[0] += 1
+            continue
+        out.append(Example(f"{cfg.name}/{split}/{number}", messages, answer, demo))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
+@dataclass(frozen=True)
+class InvalidLine:
+    """A .jsonl line that is not JSON, kept as a row so it is reported (or skipped) with its line number."""
+
+    message: str
+
+
+def read_rows(path: Path) -> list[tuple[int, Any]]:
+    """(1-based row number, row) of a local file; for .jsonl the number is the line number."""
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        rows = []
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((number, json.loads(line)))
+            except json.JSONDecodeError as err:
+                rows.append((number, InvalidLine(err.msg)))
+        return rows
+    if suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as err:
+            raise RecipeError(f"{path}: invalid JSON at line {err.lineno} ({err.msg})") from None
+        if isinstance(data, dict) and len(data) == 1 and isinstance(next(iter(data.values())), list):
+            data = next(iter(data.values()))  # {"data": [...]}
+        if not isinstance(data, list):
+            raise RecipeError(f"{path}: a .json source must hold a list of rows")
+        return list(enumerate(data, start=1))
+    if suffix in (".parquet", ".csv"):
+        import datasets
+
+        reader = datasets.Dataset.from_parquet if suffix == ".parquet" else datasets.Dataset.from_csv
+        return list(enumerate(reader(str(path)), start=1))
+    raise RecipeError(f"{path}: unsupported file type {suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")
+
+
+def _hub_rows(cfg: DomainConfig, split: str) -> list[tuple[int, Any]]:
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(cfg.source, cfg.subset, split=split)
+    except Exception as err:  # offline, unknown id, unknown split: one line, not a traceback
+        raise RecipeError(
+            f"domains.{cfg.name}.source: cannot load hub dataset {cfg.source!r} split {split!r}: {err}"
+        ) from None
+    return list(enumerate(ds, start=1))

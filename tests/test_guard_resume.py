@@ -1,0 +1,110 @@
+"""Collapse guard rollbacks, exact kill-and-resume, and the run report, on tiny-random."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from adaptercl import stage as stage_module
+from adaptercl.adapters import adapter_state
+from adaptercl.atomic import read_jsonl
+from adaptercl.config import resolve_recipe
+from adaptercl.recipe import run_recipe
+from adaptercl.report import PLOTS, write_report
+
+TESTS = Path(__file__).resolve().parent
+
+
+def one_stage(out: Path, steps: int = 4, reward: str = "tiny_rewards:digit_fraction", **monitor) -> dict:
+    return {
+        "model": {"name": "tiny-random"},
+        "output_dir": str(out),
+        "lora": {"r": 4, "alpha": 8},
+        "optim": {"lr": 5e-3, "steps": steps, "prompts_per_step": 2},
+        "rollout": {"group_size": 4, "max_new_tokens": 8},
+        "monitor": {"checkpoint_every": 1, **monitor},
+        "eval": {"examples_per_domain": 2, "drift_probes": 2},
+        "domains": [{"name": "arith", "source": "builtin:arithmetic", "reward": reward}],
+        "stages": [{"name": "one", "domain": "arith", "method": "sdpo", "distill": {"teacher": {"kind": "ema"}}}],
+    }
+
+
+def test_guard_catches_an_injected_collapse_and_rolls_back_to_the_checkpoint(tmp_path, monkeypatch):
+    restored = []
+    original = stage_module._restore
+
+    def spying_restore(ctx, path, optimizer, scheduler, guard):
+        result = original(ctx, path, optimizer, scheduler, guard)
+        saved = load_file(str(path / "adapters.safetensors"))
+        live = {f"{ctx.student}::{k}": v for k, v in adapter_state(ctx.model, ctx.student).items()}
+        restored.append((result[0], all(torch.equal(saved[k], v) for k, v in live.items()), len(live)))
+        return result
+
+    monkeypatch.setattr(stage_module, "_restore", spying_restore)
+    raw = one_stage(tmp_path / "run", steps=5, reward="tiny_rewards:poisoned", max_rollbacks=2)
+    raw["stages"][0]["method"] = "grpo"
+    run_recipe(resolve_recipe(raw))
+    events = [r for r in read_jsonl(tmp_path / "run" / "stage-01-one" / "metrics.jsonl") if "event" in r]
+    assert events and events[0]["event"] == "nonfinite" and events[0]["step"] <= 5
+    assert [e["action"] for e in events] == ["rollback", "rollback", "stop"]  # budget of 2, then the stage stops
+    assert len(restored) == 3 and all(same and n > 0 for _, same, n in restored)  # adapter == checkpoint, exactly
+    weights = load_file(str(tmp_path / "run" / "stage-01-one" / "adapter" / "adapter_model.safetensors"))
+    assert all(torch.isfinite(v).all() for v in weights.values())  # the shipped adapter is the clean one
+
+
+def test_killed_run_resumes_to_bit_identical_adapters(tmp_path):
+    reference = tmp_path / "reference"
+    run_recipe(resolve_recipe(one_stage(reference, steps=4)))
+
+    killed = tmp_path / "killed"
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(one_stage(killed, steps=4)))
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "adaptercl.cli", "recipe", "run", str(recipe_file)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    kill_after = random.Random(os.getpid()).randint(1, 3)  # a step boundary somewhere inside the stage
+    metrics = killed / "stage-01-one" / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if sum("event" not in r for r in read_jsonl(metrics)) >= kill_after:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "stage-01-one" / "done.json").exists(), "the run finished before it could be killed"
+
+    run_recipe(resolve_recipe(one_stage(killed, steps=4)))
+    for part in ("adapter/adapter_model.safetensors", "teacher/adapter/adapter_model.safetensors"):
+        a = load_file(str(reference / "stage-01-one" / part))
+        b = load_file(str(killed / "stage-01-one" / part))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+    steps = [r["step"] for r in read_jsonl(metrics) if "event" not in r]
+    assert steps == [1, 2, 3, 4]
+    assert not (killed / "stage-01-one" / "checkpoint").exists()
+
+
+def test_report_renders_every_plot(tmp_path):
+    run_recipe(resolve_recipe(one_stage(tmp_path / "run", steps=2)))
+    report = write_report(tmp_path / "run")
+    text = report.read_text()
+    for plot in PLOTS:
+        path = tmp_path / "run" / "plots" / plot
+        assert path.is_file() and path.stat().st_size > 1000 and path.read_bytes()[:4] == b"\x89PNG"
+        assert f"plots/{plot}" in text
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["cl_metrics"]["acc"] == summary["accuracy"][-1][0]
+    drift = json.loads((tmp_path / "run" / "stage-01-one" / "drift.json").read_text())
+    assert drift["parameter"]["aggregate"]["relative_delta_norm_mean"] > 0
+    assert set(drift["response"]["arith"]) >= {"kl_to_base", "js_to_base", "entropy", "repetition_rate"}

@@ -1,0 +1,293 @@
+"""Rewards on real rows of ../shared/data and on hand-made edge cases; the user-reward import."""
+
+from __future__ import annotations
+
+import json
+import random
+import string
+from pathlib import Path
+
+import pytest
+
+from adaptercl.config import RecipeError
+from adaptercl.domains import Example, RewardResult
+from adaptercl.rewards import (
+    BOXED_FORMAT_FEEDBACK,
+    REWARDS,
+    action_calls,
+    answer_tag,
+    arithmetic,
+    boxed_math,
+    choice_letter,
+    extract_final_number,
+    final_number,
+    json_call,
+    last_boxed,
+    math_equal,
+    mcq,
+    resolve_reward,
+)
+
+
+def ex(answer, demonstration=None) -> Example:
+    return Example("t/0", [{"role": "user", "content": "q"}], answer, demonstration)
+
+
+def rows(path: Path, n: int) -> list[dict]:
+    with path.open() as f:
+        return [json.loads(next(f)) for _ in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------------- real rows
+
+
+def test_final_number_on_gsm8k_rows(shared_data):
+    for row in rows(shared_data / "gsm8k" / "test.jsonl", 8):
+        gold = row["answer"].rsplit("####", 1)[1].strip().replace(",", "")
+        e = ex(gold)
+        assert final_number(row["answer"], e).correct  # the dataset's own rationale ends in '#### N'
+        assert final_number(f"So the total is {gold} dollars.", e).correct
+        assert final_number(f"Answer: {gold}", e).correct
+        wrong = final_number(f"#### {int(gold) + 1}", e)
+        assert not wrong.correct and wrong.score == 0.0 and str(int(gold) + 1) in wrong.feedback
+
+
+def test_final_number_edge_cases():
+    assert final_number("#### 1,000", ex("1000")).correct
+    assert final_number("The answer is 5.0", ex("5")).correct
+    assert final_number("Answer:   42  ", ex("42")).correct
+    assert final_number("We get 12, then 7 more... #### 19", ex("19")).correct  # #### wins over the last number
+    assert final_number("Answer: 19. Check: 19 - 7 = 12", ex("19")).correct  # Answer: wins over the last number
+    assert final_number("It costs $1,234.50 in total", ex("1234.5")).correct
+    assert final_number("-3", ex("-3")).correct
+    assert not final_number("#### 10", ex("100")).correct
+    none = final_number("I do not know.", ex("3"))
+    assert not none.correct and "####" in none.feedback
+    assert extract_final_number("3, 4 and 5") == "5"
+    assert extract_final_number("To answer 2 questions: 7 + 5 = 12") == "12"  # 'answer' alone is no marker
+
+
+def test_boxed_math_on_math500_rows(shared_data):
+    for row in rows(shared_data / "math500" / "test.jsonl", 12):
+        e = ex(row["answer"])
+        assert boxed_math(row["solution"], e).correct, row["unique_id"]
+        assert boxed_math(f"So the answer is $\\boxed{{{row['answer']}}}$.", e).correct
+        assert not boxed_math("\\boxed{definitely wrong 12345}", e).correct
+        unboxed = boxed_math(row["answer"], e)
+        assert not unboxed.correct and unboxed.feedback == BOXED_FORMAT_FEEDBACK
+
+
+@pytest.mark.parametrize(
+    ("pred", "gold", "equal"),
+    [
+        ("\\frac{3}{6}", "\\frac{1}{2}", True),
+        ("3/6", "\\frac12", True),
+        ("\\dfrac{1}{2}", "\\frac{1}{2}", True),
+        ("0.5", "\\frac{1}{2}", True),
+        (" 5 ", "5", True),
+        ("5.0", "5", True),
+        ("1,000", "1000", True),
+        ("x = 5", "5", True),
+        ("10\\%", "10", True),
+        ("90^\\circ", "90", True),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3,\\frac{\\pi}{2})", True),
+        ("\\text{(C)}", "(C)", True),
+        ("-\\frac{1}{3}", "-1/3", True),
+        ("\\frac{1}{3}", "0.33", False),
+        ("2", "3", False),
+        ("\\frac{1}{2}", "\\frac{2}{1}", False),
+    ],
+)
+def test_math_equal(pred, gold, equal):
+    assert math_equal(pred, gold) is equal
+
+
+def test_last_boxed_nested_and_truncated():
+    assert last_boxed("\\boxed{1} then \\boxed{\\frac{1}{\\sqrt{2}}}.") == "\\frac{1}{\\sqrt{2}}"
+    assert last_boxed("the answer is \\boxed 7$") == "7"
+    assert last_boxed("\\boxed{\\frac{1}{2") is None  # truncated response
+    assert boxed_math("\\boxed{\\frac{1}{2", ex("\\frac12")).feedback == BOXED_FORMAT_FEEDBACK
+    assert boxed_math("\\fbox{4}", ex("4")).correct
+
+
+def test_answer_tag_on_sciknoweval_rows(shared_data):
+    for row in rows(shared_data / "sciknoweval" / "physics" / "test.jsonl", 6):
+        e = ex(row["answer"])
+        other = "A" if row["answer"] != "A" else "B"
+        assert answer_tag(f"<reasoning>\nsteps\n</reasoning>\n<answer>\n{row['answer']}\n</answer>", e).correct
+        wrong = answer_tag(f"<answer>{other}</answer>", e)
+        assert not wrong.correct and f"Option {other}" in wrong.feedback
+        untagged = answer_tag("I think the second option is right.", e)
+        assert not untagged.correct and "<answer>" in untagged.feedback
+
+
+def test_answer_tag_follows_the_reference_extraction():
+    assert answer_tag("<answer> b </answer>", ex("B")).correct  # stripped and upper-cased
+    assert answer_tag("<answer>A</answer> no wait <answer>C</answer>", ex("C")).correct  # the last tag
+    assert answer_tag("C", ex("C")).correct  # no tag at all: the whole response, as lasgroup/SDPO mcq.py
+    assert not answer_tag("<answer>CD</answer>", ex("C")).correct
+
+
+def test_action_calls_on_tooluse_rows(shared_data):
+    data = [json.loads(line) for line in (shared_data / "tooluse" / "test.jsonl").open()]
+    multi = next(r for r in data if len(json.loads(r["answer"])) > 1)
+    for row in [data[0], multi]:
+        gold = json.loads(row["answer"])
+        e = ex(gold)
+        text = "\n".join(f"Thought: step\nAction: {g['Action']}\nAction Input: {g['Action_Input']}" for g in gold)
+        assert action_calls(text, e).correct
+        assert action_calls(text, ex(row["answer"])).correct  # gold as the raw JSON string works too
+        wrong_name = action_calls(text.replace(f"Action: {gold[0]['Action']}", "Action: notATool", 1), e)
+        assert (
+            not wrong_name.correct and "Actions mismatch" in wrong_name.feedback and "notATool" in wrong_name.feedback
+        )
+    gold = json.loads(multi["answer"])
+    merged = {}
+    for g in gold:
+        merged.update(json.loads(g["Action_Input"]))
+    # inputs are compared merged over all calls, as the SDFT/SDPO evaluation does
+    text = (
+        "".join(f"Action: {g['Action']}\nAction Input: {{}}\n" for g in gold) + f"Action Input: {json.dumps(merged)}"
+    )
+    assert action_calls(text, ex(gold)).correct
+
+
+def test_action_calls_feedback_names_the_mismatch():
+    gold = [{"Action": "getWeather", "Action_Input": '{"city": "Paris"}'}]
+    bad_input = action_calls('Action: getWeather\nAction Input: {"city": "Rome"}', ex(gold))
+    assert not bad_input.correct
+    assert "Action inputs mismatch" in bad_input.feedback and "Rome" in bad_input.feedback
+    assert "Actions mismatch" not in bad_input.feedback
+    assert not action_calls("Action: getWeather\nAction Input: {not json}", ex(gold)).correct
+    assert not action_calls(
+        'Action: getWeather\nAction Input: {"city": "Paris"}\nAction: getWeather', ex(gold)
+    ).correct
+
+
+def test_choice_letter_on_arc_rows(shared_data):
+    for row in rows(shared_data / "arc" / "challenge_train.jsonl", 6):
+        e = ex(row["answerKey"])
+        assert choice_letter(row["response"], e).correct  # "... The best answer is C."
+        for text in (row["answerKey"], f"{row['answerKey']}. {row['answer']}", f"Answer: ({row['answerKey']})"):
+            assert choice_letter(text, e).correct, text
+        other = "A" if row["answerKey"] != "A" else "B"
+        assert not choice_letter(f"The answer is {other}.", e).correct
+
+
+def test_choice_letter_edge_cases():
+    assert choice_letter("  b) the second one", ex("B")).correct
+    assert choice_letter("<answer>D</answer>", ex("D")).correct
+    assert choice_letter("The correct answer is option C", ex("C")).correct
+    missing = choice_letter("A dog would do that.", ex("A"))  # an article is not a choice
+    assert not missing.correct and missing.feedback
+
+
+# ---------------------------------------------------------------------------------------------------- builtins
+
+
+def test_arithmetic_reward_format_credit():
+    assert arithmetic("3 + 4 = 7. The answer is 7.", ex("7")) == RewardResult(1.0, True)
+    wrong = arithmetic("The answer is 8.", ex("7"))
+    assert wrong.score == 0.2 and not wrong.correct and "8" in wrong.feedback
+    unformatted = arithmetic("3 + 4 = 7", ex("7"))
+    assert unformatted.score == 0.0 and not unformatted.correct and "The answer is" in unformatted.feedback
+    assert arithmetic("The answer is 7. Wait, the answer is 6.", ex("6")).correct  # the last one counts
+
+
+def test_mcq_reward_format_credit():
+    assert mcq("<answer> b </answer>", ex("B")).correct
+    assert mcq("<answer>A</answer>", ex("B")).score == 0.2
+    assert mcq("B", ex("B")).score == 0.0  # the builtin domain insists on the tags
+
+
+def test_json_call_partial_credit_and_feedback():
+    gold = {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}
+    assert json_call(
+        '```json\n{"name": "get_weather", "arguments": {"city": "paris", "days": "3"}}\n```', ex(gold)
+    ).correct
+    wrong_value = json_call('{"name": "get_weather", "arguments": {"city": "Rome", "days": 3}}', ex(gold))
+    assert not wrong_value.correct and wrong_value.score == pytest.approx(0.35)
+    assert "'city'" in wrong_value.feedback and "Paris" in wrong_value.feedback
+    wrong_name = json_call('{"name": "get_time", "arguments": {"city": "Paris", "days": 3, "x": 1}}', ex(gold))
+    assert "get_time" in wrong_name.feedback and "unexpected argument 'x'" in wrong_name.feedback
+    assert wrong_name.score < 0.5
+    assert json_call("call get_weather(Paris)", ex(gold)).score == 0.0
+
+
+def test_partial_credit_stays_below_the_sdpo_success_threshold():
+    rng = random.Random(0)
+    golds = {"arithmetic": "7", "mcq": "B", "json_call": {"name": "f", "arguments": {"a": 1, "b": "x"}}}
+    for name, gold in golds.items():
+        for _ in range(200):
+            text = "".join(rng.choice(string.printable) for _ in range(rng.randint(0, 60)))
+            text += rng.choice(["", "The answer is 8", "<answer>C</answer>", '{"name": "f", "arguments": {"a": 1}}'])
+            result = REWARDS[name](text, ex(gold))
+            assert result.correct or result.score < 0.5
+
+
+def test_every_reward_survives_garbage():
+    rng = random.Random(1)
+    golds = {
+        "final_number": "12",
+        "boxed_math": "\\frac{1}{2}",
+        "answer_tag": "A",
+        "action_calls": [{"Action": "f", "Action_Input": "{}"}],
+        "choice_letter": "A",
+        "arithmetic": "3",
+        "mcq": "A",
+        "json_call": {"name": "f", "arguments": {}},
+        "copy": "apple",
+    }
+    assert set(golds) == set(REWARDS)
+    pieces = [
+        "{",
+        "}",
+        "\\boxed{",
+        "<answer>",
+        "Action:",
+        "Action Input: {",
+        "####",
+        "The answer is",
+        "\x00",
+        "∑",
+        " ",
+    ]
+    for name, fn in REWARDS.items():
+        for _ in range(100):
+            text = "".join(rng.choice(pieces + list(string.printable)) for _ in range(rng.randint(0, 80)))
+            result = fn(text, ex(golds[name]))
+            assert isinstance(result, RewardResult) and 0.0 <= result.score <= 1.0
+            assert result.correct or result.feedback  # every wrong answer says why (SDPO feedback)
+
+
+# ---------------------------------------------------------------------------------------------------- user rewards
+
+
+def test_resolve_reward_by_name_and_import(tmp_path, monkeypatch):
+    assert resolve_reward("boxed_math") is boxed_math
+    (tmp_path / "my_rewards_pkg").mkdir()
+    (tmp_path / "my_rewards_pkg" / "__init__.py").write_text("")
+    (tmp_path / "my_rewards_pkg" / "scoring.py").write_text(
+        "from adaptercl.domains import RewardResult\n"
+        "def exact(text, example):\n"
+        "    ok = text.strip() == example.answer\n"
+        "    return RewardResult(float(ok), ok, None if ok else 'no')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fn = resolve_reward("my_rewards_pkg.scoring:exact")
+    assert fn(" yes ", ex("yes")).correct and not fn("no", ex("yes")).correct
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("not_a_reward", "not a known reward"),
+        ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
+        ("json:no_such_function", "has no function 'no_such_function'"),
+        ("json:", "not a known reward"),
+    ],
+)
+def test_resolve_reward_errors_name_the_spec(spec, says):
+    with pytest.raises(RecipeError) as err:
+        resolve_reward(spec)
+    assert repr(spec) in str(err.value) and says in str(err.value)
