@@ -135,8 +135,12 @@ class StageRegularizers:
                 l2 = l2 + lora_delta_distance_sq(a, b, a0, b0, layer.scaling[self.student])
                 for a_old in olds:
                     overlap = overlap + lora_overlap_sq(a, a_old).double()
-        stats = {"l2_prev": float(l2), "orthogonal": float(overlap)}
+        stats = {"l2_prev": _number(l2), "orthogonal": _number(overlap)}
         if not grad:
             return None, stats
         loss = self.l2_weight * l2 + self.orthogonal_weight * overlap
         return (loss if torch.is_tensor(loss) and loss.requires_grad else None), stats
+
+
+def _number(value: Tensor | float) -> float:
+    return float(value.detach()) if torch.is_tensor(value) else float(value)

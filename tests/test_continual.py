@@ -78,19 +78,18 @@ def test_new_stacks_frozen_adapters_and_leaves_earlier_ones_bit_identical(new_ru
     # The combined adapter after stage 3 is built from the live model's adapters: its first rank blocks are
     # stage 1's and stage 2's adapters as they were saved right after their own stages (scale 8/4 = 2 is exact).
     combined = tensors(out, STAGES[2], "combined_adapter")
-    for k, (s, stage) in enumerate(zip([STAGES[0], STAGES[1]], STAGES[:2])):
+    for k, stage in enumerate(STAGES[:2]):
         own = tensors(out, stage)
         for key, value in own.items():
             block = combined[key][4 * k : 4 * k + 4] if "lora_A" in key else combined[key][:, 4 * k : 4 * k + 4]
             expected = value if "lora_A" in key else 2.0 * value
-            assert torch.equal(block, expected), (s, key)
+            assert torch.equal(block, expected), (stage, key)
     assert done(out, STAGES[2])["combined_adapter"]["rank"] == 12
 
 
 def test_combined_adapter_reproduces_the_stacked_model(new_run):
     for k, stage in enumerate(STAGES):
         stacked, combined = logits_of_stack(new_run, list(STAGES[: k + 1])), logits_of_combined(new_run, stage)
-        assert not torch.allclose(stacked, logits_of_combined(new_run, STAGES[0])) or k == 0
         torch.testing.assert_close(combined, stacked, rtol=1e-5, atol=1e-5)
 
 
@@ -118,17 +117,16 @@ def test_merge_init_runs_and_logs_its_refactorisation_error(tmp_path):
 def test_merged_adapter_delta_equals_the_refactorised_merge():
     torch.manual_seed(0)
     lora = LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
-    model = attach_adapter(load_base(TINY, "none").model, "a", lora)
-    model = attach_adapter(model, "b", LoraConfig(r=2, alpha=2, target_modules=["q_proj"]))
+    model = attach_adapter(load_base(TINY, "none").model, "x1", lora)
+    model = attach_adapter(model, "x2", LoraConfig(r=2, alpha=2, target_modules=["q_proj"]))
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_" in n:
                 p.copy_(0.3 * torch.randn_like(p))
     model = attach_adapter(model, "m", lora)
-    fresh_a = {m: a.clone() for m, (a, _) in model_factors(model, "m").modules.items()}
-    report = init_adapter_from_merge(model, "m", ["a", "b"], "task_arithmetic", [0.7, -0.4], 1.0, seed=0)
+    report = init_adapter_from_merge(model, "m", ["x1", "x2"], "task_arithmetic", [0.7, -0.4], 1.0, seed=0)
     merged = merge_module_deltas(
-        [model_factors(model, "a").deltas(), model_factors(model, "b").deltas()], [0.7, -0.4], "task_arithmetic"
+        [model_factors(model, "x1").deltas(), model_factors(model, "x2").deltas()], [0.7, -0.4], "task_arithmetic"
     )
     result = model_factors(model, "m")
     assert result.scaling == 2.0  # the stage's own lora alpha / r is kept; its scale is folded into B
@@ -136,7 +134,7 @@ def test_merged_adapter_delta_equals_the_refactorised_merge():
         a, b, err = refactorize(delta, 4)
         torch.testing.assert_close(result.deltas()[module], b @ a, rtol=1e-5, atol=1e-6)
         assert report["rel_error"][module] == pytest.approx(err, abs=1e-7)
-    for module, (a, b) in result.modules.items():
+    for module in result.modules:
         if module.endswith("v_proj"):  # only `a` (rank 4) is there: exact, every rank direction used
             assert report["rel_error"][module] < 1e-6
         if module.endswith("q_proj"):  # rank <= 6 merged into 4: a real truncation
@@ -144,7 +142,9 @@ def test_merged_adapter_delta_equals_the_refactorised_merge():
     # rank directions the merge leaves empty keep the fresh random A row (B column 0), so they can still learn
     model = attach_adapter(model, "m8", LoraConfig(r=8, alpha=16, target_modules=["q_proj", "v_proj"]))
     fresh_a = {m: a.clone() for m, (a, _) in model_factors(model, "m8").modules.items()}
-    init_adapter_from_merge(model, "m8", ["a"], "task_arithmetic", [1.0], 1.0, seed=0)
+    init_adapter_from_merge(model, "m8", ["x1"], "task_arithmetic", [1.0], 1.0, seed=0)
     for module, (a, b) in model_factors(model, "m8").modules.items():
         assert torch.equal(a[4:], fresh_a[module][4:]) and float(b[:, 4:].abs().max()) == 0.0
-        torch.testing.assert_close(model_factors(model, "m8").deltas()[module], model_factors(model, "a").deltas()[module])
+        torch.testing.assert_close(
+            model_factors(model, "m8").deltas()[module], model_factors(model, "x1").deltas()[module]
+        )

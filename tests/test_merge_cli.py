@@ -21,12 +21,14 @@ IDS = torch.tensor([[5, 17, 42, 99, 7, 3]])
 def make_adapter(path, seed: int, r: int = 4, alpha: float = 8.0, modules=("q_proj", "v_proj")) -> None:
     """A saved PEFT adapter on tiny-random with random non-zero A and B."""
     torch.manual_seed(seed)
-    model = attach_adapter(load_base(TINY, "none").model, "a", LoraConfig(r=r, alpha=alpha, target_modules=list(modules)))
+    model = attach_adapter(
+        load_base(TINY, "none").model, "src", LoraConfig(r=r, alpha=alpha, target_modules=list(modules))
+    )
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "lora_" in n:
                 p.copy_(0.2 * torch.randn_like(p))
-    save_adapter(model, "a", path)
+    save_adapter(model, "src", path)
 
 
 def logits_with(path=None) -> torch.Tensor:

@@ -135,7 +135,7 @@ def rows(ctx) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def plain_grpo(tmp_path_factory, monkeypatch_module=None):
+def plain_grpo(tmp_path_factory):
     """GRPO with no regulariser object at all: the code path as it was before regularisers existed."""
     tmp = tmp_path_factory.mktemp("plain")
     original = regs_mod.StageRegularizers.start
@@ -194,7 +194,7 @@ def test_hybrid_failed_groups_distils_only_where_nothing_succeeded(tmp_path):
     assert row["teacher_target_frac"] == 1.0 and row["distill_token_frac"] > 0 and "policy_loss" in row
     ctx = context(tmp_path / "ent", "hybrid", ToyDomain(), hybrid={"distill_on": "high_entropy"}, optim={"steps": 1})
     run_stage(ctx)
-    assert 0 < rows(ctx)[0]["distill_token_frac"] <= 0.2 + 1e-6
+    assert 0 < rows(ctx)[0]["distill_token_frac"] <= 0.25  # ceil(0.2 x response tokens)
 
 
 def test_hybrid_recipe_runs_end_to_end_with_a_conservative_regulariser(tmp_path):
