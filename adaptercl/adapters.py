@@ -22,22 +22,34 @@ from adaptercl.atomic import atomic_dir
 from adaptercl.config import LoraConfig
 
 
-def peft_lora_config(cfg: LoraConfig) -> PeftLoraConfig:
+def peft_lora_config(cfg: LoraConfig, num_layers: int | None = None) -> PeftLoraConfig:
+    layers = None
+    if cfg.layers is not None:
+        if num_layers is None:
+            raise ValueError("lora.layers needs the model's number of layers")
+        layers = sorted({i % num_layers for i in cfg.layers})
     return PeftLoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
         target_modules=cfg.target_modules,
+        layers_to_transform=layers,
         task_type="CAUSAL_LM",
     )
 
 
+def _num_layers(model: torch.nn.Module) -> int | None:
+    config = getattr(model, "config", None)
+    return getattr(config, "num_hidden_layers", None)
+
+
 def attach_adapter(model: torch.nn.Module, name: str, cfg: LoraConfig) -> PeftModel:
     """Add a fresh LoRA adapter `name` (B = 0, so the model is unchanged); wraps the base on first use."""
+    peft_cfg = peft_lora_config(cfg, _num_layers(model))
     if isinstance(model, PeftModel):
-        model.add_adapter(name, peft_lora_config(cfg))
+        model.add_adapter(name, peft_cfg)
         return model
-    return get_peft_model(model, peft_lora_config(cfg), adapter_name=name)
+    return get_peft_model(model, peft_cfg, adapter_name=name)
 
 
 def load_adapter(model: torch.nn.Module, path: str | Path, name: str) -> PeftModel:

@@ -6,6 +6,9 @@
     adaptercl report RUN_DIR                        write RUN_DIR/report.md and plots/
     adaptercl merge ADAPTER... --out DIR [--method ties --weights 1,-1 --density 0.2 --rank 16]
                                                     ΔW-space merge of PEFT adapter folders into one
+    adaptercl export RUN_DIR --out DIR [--merged]   one PEFT adapter folder per domain + model cards + manifest
+    adaptercl serve DIR [--port 8000] [--print-command]
+                                                    serve an export with vLLM's OpenAI server, one LoRA per domain
 
 Every subcommand parses, calls one function and returns an exit code. Recipe and input problems
 (`RecipeError`) print one line `error: ...` and exit 2, never a traceback.
@@ -45,6 +48,15 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("--density", type=float, default=1.0, help="TIES/DARE density (default 1: keep all)")
     merge.add_argument("--rank", type=int, help="rank of the written adapter (default: the largest input rank)")
     merge.add_argument("--seed", type=int, default=0, help="seed of the DARE masks")
+    export = sub.add_parser("export", help="write one PEFT adapter per trained domain, model cards and a manifest")
+    export.add_argument("run_dir", help="a finished run directory")
+    export.add_argument("--out", required=True, help="output folder (new or empty; written atomically)")
+    export.add_argument("--merged", action="store_true", help="also export the final all-domain adapter as combined/")
+    serve = sub.add_parser("serve", help="serve an exported folder with vLLM (OpenAI API), one LoRA per adapter")
+    serve.add_argument("export_dir", help="a folder written by `adaptercl export`")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--host", help="host to bind (default: vLLM's, all interfaces)")
+    serve.add_argument("--print-command", action="store_true", help="print the vllm serve command and exit")
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("ADAPTERCL_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -57,6 +69,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "merge":
             return _merge(args)
+        if args.command == "export":
+            from adaptercl.export import export_run
+
+            print(export_run(args.run_dir, args.out, merged=args.merged))
+            return 0
+        if args.command == "serve":
+            return _serve(args)
     except RecipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -97,6 +116,18 @@ def _merge(args: argparse.Namespace) -> int:
         f"of the re-factorisation: mean {report['rel_error_mean']:.3g}, max {report['rel_error_max']:.3g}"
     )
     return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import shlex
+
+    from adaptercl.serve import serve, serve_command
+
+    if args.print_command:
+        print(shlex.join(serve_command(args.export_dir, args.port, args.host)))
+        return 0
+    serve(args.export_dir, args.port, args.host)  # replaces this process with the server
+    return 1
 
 
 if __name__ == "__main__":

@@ -74,6 +74,11 @@ class LoraConfig(_Block):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         description="Module names (suffixes) that get LoRA, or 'all-linear'.",
     )
+    layers: list[int] | None = Field(
+        None,
+        description="Only these decoder layers (0-based; negative counts from the top) get LoRA. Backward then "
+        "stops at the lowest one: LoRA on the top layers only makes a CPU step several times cheaper.",
+    )
 
 
 class RolloutConfig(_Block):

