@@ -77,9 +77,21 @@ def make_arithmetic(rng: random.Random) -> Made:
 MCQ_SYSTEM = "Answer the multiple-choice question with the letter of the correct option inside answer tags."
 CATEGORIES = {
     "an animal": ["dog", "cat", "horse", "cow", "lion", "tiger", "rabbit", "mouse", "bear", "sheep", "goat", "fox"],
-    "a color": ["red", "blue", "green", "yellow", "black", "white", "pink", "brown", "orange", "purple", "grey"],
-    "a fruit": ["apple", "banana", "cherry", "grape", "lemon", "mango", "peach", "pear", "plum", "melon", "kiwi"],
-    "a tool": ["hammer", "saw", "drill", "wrench", "shovel", "rake", "chisel", "pliers", "ladder", "axe", "file"],
+    "a color": ["red", "blue", "green", "yellow", "black", "white", "pink", "brown", "purple", "grey", "violet"],
+    "a fruit": ["apple", "banana", "cherry", "grape", "lemon", "mango", "pear", "melon", "papaya", "fig"],
+    "a tool": [
+        "hammer",
+        "saw",
+        "drill",
+        "wrench",
+        "shovel",
+        "rake",
+        "chisel",
+        "pliers",
+        "ladder",
+        "axe",
+        "screwdriver",
+    ],
     "a country": ["France", "Japan", "Brazil", "Canada", "Egypt", "India", "Italy", "Mexico", "Spain", "Kenya"],
     "a vehicle": ["car", "bus", "truck", "bicycle", "train", "boat", "plane", "tram", "scooter", "van", "taxi"],
     "a body part": ["hand", "foot", "nose", "ear", "elbow", "knee", "shoulder", "finger", "ankle", "chin", "neck"],
@@ -106,26 +118,33 @@ def make_mcq(rng: random.Random) -> Made:
 # ---------------------------------------------------------------------------------------------------- toolcall
 
 TOOLCALL_SYSTEM = (
-    "You can call this function:\n{spec}\n"
-    'Reply with only a JSON object of the form {{"name": "<function name>", "arguments": {{<argument values>}}}}.'
+    "You can call this function:\n{doc}\n"
+    "To call it, reply with only this JSON object, the placeholder replaced by the value from the request:\n{template}"
 )
 CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "Cairo", "Lima", "Oslo", "Sydney", "Boston", "Delhi"]
 PEOPLE = ["Anna", "Ben", "Carla", "David", "Emma", "Frank", "Grace", "Hugo", "Iris", "Jack", "Lena", "Omar"]
 ITEMS = ["milk", "bread", "eggs", "rice", "coffee", "apples", "butter", "cheese", "pasta", "tea", "honey", "salt"]
 SONGS = ["Yesterday", "Imagine", "Hello", "Thriller", "Halo", "Believer", "Roar", "Happy", "Faded", "Perfect"]
+# (function, argument, description, values, request templates)
 FUNCTIONS = [
-    ("get_weather", "city", "the city name", CITIES, ["What's the weather in {v}?", "Is it raining in {v} today?"]),
-    ("get_time", "city", "the city name", CITIES, ["What time is it in {v}?", "Tell me the local time in {v}."]),
-    ("call_contact", "name", "the person to call", PEOPLE, ["Call {v}.", "Please phone {v} for me."]),
     (
-        "add_to_list",
-        "item",
-        "what to add to the shopping list",
-        ITEMS,
-        ["Add {v} to my shopping list.", "I need {v}."],
+        "get_weather",
+        "city",
+        "the current weather in a city",
+        CITIES,
+        ["What's the weather in {v}?", "Is it raining in {v}?"],
     ),
-    ("play_song", "title", "the song title", SONGS, ["Play {v}.", "Put on the song {v}, please."]),
-    ("set_timer", "minutes", "length in minutes (integer)", list(range(1, 61)), ["Set a timer for {v} minutes."]),
+    ("get_time", "city", "the local time in a city", CITIES, ["What time is it in {v}?", "Tell me the time in {v}."]),
+    ("call_contact", "name", "phone a contact", PEOPLE, ["Call {v}.", "Please phone {v} for me."]),
+    ("add_to_list", "item", "add an item to the shopping list", ITEMS, ["Add {v} to my list.", "I need {v}."]),
+    ("play_song", "title", "play a song by its title", SONGS, ["Play {v}.", "Put on the song {v}, please."]),
+    (
+        "set_timer",
+        "minutes",
+        "start a timer",
+        list(range(1, 61)),
+        ["Set a timer for {v} minutes.", "Timer, {v} minutes."],
+    ),
 ]
 
 
@@ -133,12 +152,13 @@ def make_toolcall(rng: random.Random) -> Made:
     name, arg, doc, values, templates = rng.choice(FUNCTIONS)
     value = rng.choice(values)
     kind = "integer" if isinstance(value, int) else "string"
-    spec = json.dumps({"name": name, "parameters": {arg: f"{kind}, {doc}"}})
-    request = rng.choice(templates).format(v=value)
+    placeholder = f"<{arg}>" if kind == "integer" else f'"<{arg}>"'
+    template = f'{{"name": "{name}", "arguments": {{"{arg}": {placeholder}}}}}'
+    system = TOOLCALL_SYSTEM.format(doc=f"{name}({arg}: {kind}): {doc}", template=template)
     call = {"name": name, "arguments": {arg: value}}
     messages = [
-        {"role": "system", "content": TOOLCALL_SYSTEM.format(spec=spec)},
-        {"role": "user", "content": request},
+        {"role": "system", "content": system},
+        {"role": "user", "content": rng.choice(templates).format(v=value)},
     ]
     return messages, call, json.dumps(call), (name, value)
 
