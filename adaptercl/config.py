@@ -203,6 +203,9 @@ class MonitorConfig(_Block):
     """Collapse guard and checkpoints (see adaptercl/monitor.py for the rules)."""
 
     checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (rollback targets and resume).")
+    drift_every: int = Field(
+        0, ge=0, description="Log aggregate parameter drift (vs the base) every N steps in metrics.jsonl; 0 = off."
+    )
     window: int = Field(5, ge=2, description="Steps over which trends (reward fall, divergence fall) are measured.")
     nonfinite: Action = Field("rollback", description="NaN/inf loss or grad norm.")
     divergence_collapse: Action = Field(

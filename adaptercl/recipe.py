@@ -209,6 +209,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
             previous=list(model_adapters),
             replay_domains=[by_name[d] for d in earlier_domains],  # regularizers.replay_fraction draws from these
             stage_dir=stage_dir,
+            base_weights=base_weights,
             on_step=lambda step, m, _n=name: notify("step", stage=_n, step=step, metrics=m),
             teacher=teacher,
         )

@@ -41,6 +41,7 @@ from adaptercl.batching import TokenBatch, build_batch, encode_chat, response_lo
 from adaptercl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from adaptercl.config import RecipeConfig, StageConfig
 from adaptercl.domains import Domain, Example, RewardResult
+from adaptercl.drift import BaseWeights, parameter_drift_report
 from adaptercl.hybrid import hybrid_teacher_prompts, rollout_entropy, top_entropy_mask
 from adaptercl.metrics import repeated_ngram_rate
 from adaptercl.monitor import CollapseGuard
@@ -66,6 +67,7 @@ class StageContext:
     stage_dir: Path = Path(".")
     on_step: Any = None  # callback(step, metrics) for progress display
     teacher: Teacher | None = None  # the self-teacher of sdpo/sdft/hybrid stages (teacher.create_teacher)
+    base_weights: BaseWeights = field(default_factory=BaseWeights)  # dequantised W0 cache for drift
     previous: list[str] = field(default_factory=list)  # adapters making up the model after the previous stage
     replay_domains: list[Domain] = field(default_factory=list)  # earlier stages' domains (regularizers.replay_*)
 
@@ -150,6 +152,7 @@ def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=
             logprobs=stage.rollout.engine != "hf",  # hf samples from the trained weights themselves: on-policy
         )
         groups = ctx.engine.generate(prompt_ids, ctx.policy_adapters, params)
+        ctx.engine.sleep()  # vLLM on CUDA frees its memory for the training step (no-op elsewhere)
         completions = [c for g in groups for c in g]  # [N] group-contiguous, N = prompts x G
         samples = [ex for ex in examples for _ in range(group)]
         sample_domains = [d for _, d in pairs for _ in range(group)]
@@ -181,6 +184,7 @@ def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=
         scheduler.step()
         if ctx.teacher is not None:
             ctx.teacher.update(model)
+        ctx.engine.sync_adapters([ctx.student])  # adapter-only sync under a new name and id (no-op for hf)
 
         # ---- log
         last = {
@@ -200,6 +204,9 @@ def run_stage(ctx: StageContext, start_step: int = 0, optimizer=None, scheduler=
         if ctx.teacher is not None and ctx.teacher.kind == "ema":
             last["teacher_ema_dropped"] = ctx.teacher.ema_dropped
         last["repetition_rate"] = sum(repeated_ngram_rate(c.token_ids) for c in completions) / len(completions)
+        if stage.monitor.drift_every and (step + 1) % stage.monitor.drift_every == 0:
+            drift = parameter_drift_report(model, ctx.policy_adapters, ctx.base_weights)["aggregate"]
+            last.update({f"drift_{k}": v for k, v in drift.items() if k.endswith("_mean")})
 
         # ---- collapse guard: warn; roll back to the last checkpoint with a smaller LR; or stop at that checkpoint
         alarms = guard.check([*history, last])
@@ -367,6 +374,8 @@ def _train_on_batch(
                 token_loss, clip_low, clip_high = losses.clipped_policy_loss(
                     logp, old, advantages[rows], stage.grpo.epsilon_low, stage.grpo.epsilon_high, stage.grpo.dual_clip
                 )
+                if rollout_logp is not None:  # rollouts from another engine/base: truncated IS correction
+                    token_loss = token_loss * torch.exp(old - rollout_logp[rows]).clamp(max=stage.distill.is_cap)
                 terms = {"policy_loss": token_loss}
                 if stage.grpo.kl_coef > 0:
                     with torch.no_grad(), active_adapters(model, None):

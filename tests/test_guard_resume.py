@@ -96,7 +96,9 @@ def test_killed_run_resumes_to_bit_identical_adapters(tmp_path):
 
 
 def test_report_renders_every_plot(tmp_path):
-    run_recipe(resolve_recipe(one_stage(tmp_path / "run", steps=2)))
+    run_recipe(resolve_recipe(one_stage(tmp_path / "run", steps=2, drift_every=1)))
+    step_rows = [r for r in read_jsonl(tmp_path / "run" / "stage-01-one" / "metrics.jsonl") if "event" not in r]
+    assert [r["drift_relative_delta_norm_mean"] > 0 for r in step_rows] == [True, True]  # drift every step
     report = write_report(tmp_path / "run")
     text = report.read_text()
     for plot in PLOTS:

@@ -41,3 +41,11 @@ class RolloutEngine(Protocol):
     def sync_adapters(self, names: list[str]) -> None:
         """Make the current weights of these adapters visible to the engine (no-op for in-process engines)."""
         ...
+
+    def sleep(self) -> None:
+        """Free accelerator memory during the optimiser step (no-op where unsupported)."""
+        ...
+
+    def wake(self) -> None:
+        """Undo `sleep`; `generate` wakes the engine itself."""
+        ...

@@ -25,6 +25,12 @@ class HFEngine:
     def sync_adapters(self, names: list[str]) -> None:
         """Nothing to do: generation reads the live training weights."""
 
+    def sleep(self) -> None:
+        """Nothing to free: the engine is the training model."""
+
+    def wake(self) -> None:
+        """See `sleep`."""
+
     @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], adapters: list[str] | None, params: SamplingParams
@@ -64,6 +70,7 @@ class HFEngine:
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.stop_ids,
             pad_token_id=pad_id,
+            repetition_penalty=1.0,  # the trainer's distribution is logits / temperature, nothing else
             **sampling,
         ).cpu()  # [B, P + R]
         completions = []
