@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 
 from adaptercl.batching import TokenBatch, response_logits
-from adaptercl.config import DistillConfig
 from adaptercl.losses import token_entropy
+from adaptercl.method_config import DistillConfig
 from adaptercl.teacher import TeacherPrompts, last_user_index, strip_think, with_last_user_turn
 
 

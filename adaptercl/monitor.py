@@ -19,7 +19,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from adaptercl.config import Action, MonitorConfig
+from adaptercl.method_config import Action, MonitorConfig
 
 ACTION_STRENGTH = {"off": 0, "warn": 1, "stop": 2, "rollback": 3}
 

@@ -17,6 +17,9 @@ orthogonality; replay of earlier domains' prompts), each only when its weight is
 Memory: student and teacher logits are full-vocabulary [n_mb, R, V] float32 per micro-batch (two more for the
 trust-region teacher); `grad_accum` bounds n_mb. Chunking the divergence over R is future work for large vocabularies.
 
+What the run hands a stage is `stage_context.StageContext`; the teacher prompts and distillation mask of a step
+are built in `distill_targets.py`.
+
 The data order and sampling seeds are pure functions of (recipe seed, stage index, step), so a stage resumed
 from a checkpoint draws the same prompts as an uninterrupted one. Token losses are aggregated with the batch-
 global denominator in every micro-batch, so any `grad_accum` gives the same update.
@@ -27,71 +30,25 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
 
 from adaptercl import losses
 from adaptercl.adapters import active_adapters, lora_parameters
 from adaptercl.atomic import append_line, read_jsonl, write_text
 from adaptercl.batching import TokenBatch, build_batch, encode_chat, response_logits
 from adaptercl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from adaptercl.config import RecipeConfig, StageConfig
-from adaptercl.domains import Domain, Example, RewardResult
-from adaptercl.drift import BaseWeights, parameter_drift_report
-from adaptercl.hybrid import hybrid_teacher_prompts, rollout_entropy, top_entropy_mask
+from adaptercl.distill_targets import DistillTargets, distill_targets
+from adaptercl.drift import parameter_drift_report
 from adaptercl.metrics import repeated_ngram_rate
 from adaptercl.monitor import CollapseGuard
 from adaptercl.regularizers import StageRegularizers, replay_count, replay_examples
-from adaptercl.rollout import Completion, RolloutEngine, SamplingParams
-from adaptercl.teacher import DISTILL_METHODS, Teacher, sdft_teacher_prompts, sdpo_teacher_prompts
+from adaptercl.rollout import Completion, SamplingParams
+from adaptercl.stage_context import StageContext, prompts_for_step, step_seed
+from adaptercl.teacher import DISTILL_METHODS
 
 GRPO_LOSS_METHODS = ("grpo", "hybrid")  # methods whose loss has the clipped policy-gradient term
-
-
-@dataclass
-class StageContext:
-    """What the run hands a stage."""
-
-    recipe: RecipeConfig
-    index: int  # 0-based position in recipe.stages
-    model: torch.nn.Module  # the PeftModel holding every adapter
-    tokenizer: PreTrainedTokenizerBase
-    engine: RolloutEngine
-    domain: Domain
-    student: str  # name of the adapter trained in this stage
-    frozen: list[str] = field(default_factory=list)  # earlier adapters active (frozen) under the student
-    stage_dir: Path = Path(".")
-    on_step: Any = None  # callback(step, metrics) for progress display
-    teacher: Teacher | None = None  # the self-teacher of sdpo/sdft/hybrid stages (teacher.create_teacher)
-    base_weights: BaseWeights = field(default_factory=BaseWeights)  # dequantised W0 cache for drift
-    previous: list[str] = field(default_factory=list)  # adapters making up the model after the previous stage
-    replay_domains: list[Domain] = field(default_factory=list)  # earlier stages' domains (regularizers.replay_*)
-
-    @property
-    def stage(self) -> StageConfig:
-        return self.recipe.stages[self.index]
-
-    @property
-    def policy_adapters(self) -> list[str]:
-        return [*self.frozen, self.student]
-
-
-def step_seed(recipe_seed: int, stage_index: int, step: int) -> int:
-    return (recipe_seed * 1_000_003 + stage_index * 10_007 + step) % (2**31 - 1)
-
-
-def prompts_for_step(n_train: int, per_step: int, recipe_seed: int, stage_index: int, step: int) -> list[int]:
-    """Indices of the training examples used at `step`: consecutive slices of seeded per-epoch permutations."""
-    out = []
-    for pos in range(step * per_step, (step + 1) * per_step):
-        epoch, offset = divmod(pos, n_train)
-        g = torch.Generator().manual_seed(step_seed(recipe_seed, stage_index, 1_000_000 + epoch))
-        out.append(int(torch.randperm(n_train, generator=g)[offset]))
-    return out
 
 
 def make_optimizer(ctx: StageContext) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -257,71 +214,6 @@ def _restore(ctx: StageContext, path: Path, optimizer, scheduler, guard: Collaps
     return next_step, [r for r in kept if "event" not in r]
 
 
-@dataclass
-class DistillTargets:
-    """What the distillation loss of one batch needs besides the student batch."""
-
-    teacher_batch: TokenBatch  # [N, P_T+R]: teacher prompts, then the very same response tokens
-    mask: torch.Tensor  # [N, R] float: response tokens that get a distillation loss
-    stats: dict[str, float]
-
-    def to(self, device: torch.device) -> DistillTargets:
-        return DistillTargets(self.teacher_batch.to(device), self.mask.to(device), self.stats)
-
-
-def distill_targets(
-    ctx: StageContext,
-    step: int,
-    samples: list[Example],
-    completions: list[Completion],
-    results: list[RewardResult],
-    batch: TokenBatch,
-) -> DistillTargets:
-    """Teacher prompts (SDPO reprompts or SDFT demonstrations) and the distillation token mask of one step.
-
-    The mask is the response mask, minus the first `distill.skip_first_tokens` tokens, minus a seeded random
-    `distill.mask_ratio` share, times 0 for samples without a teacher context. Drawn once per step for the
-    whole batch, so micro-batching cannot change it and a resumed stage draws the same one.
-    """
-    stage, tok, cfg = ctx.stage, ctx.tokenizer, ctx.stage.distill
-    prompts = [ex.messages for ex in samples]
-    scores = [r.score for r in results]
-    if stage.method == "sdft":
-        teacher_prompts = sdft_teacher_prompts(prompts, [ex.demonstration for ex in samples], scores, cfg)
-    elif stage.method == "hybrid":
-        teacher_prompts = hybrid_teacher_prompts(
-            prompts,
-            [c.text for c in completions],
-            scores,
-            [r.feedback for r in results],
-            [ex.demonstration for ex in samples],
-            stage.rollout.group_size,
-            cfg,
-            failed_groups_only=stage.hybrid.distill_on == "failed_groups",
-        )
-    else:
-        responses, feedbacks = [c.text for c in completions], [r.feedback for r in results]
-        teacher_prompts = sdpo_teacher_prompts(prompts, responses, scores, feedbacks, stage.rollout.group_size, cfg)
-    teacher_batch = build_batch(
-        [encode_chat(tok, m) for m in teacher_prompts.messages],
-        [c.token_ids for c in completions],
-        tok.pad_token_id,
-    )
-    generator = torch.Generator().manual_seed(step_seed(ctx.recipe.seed, ctx.index, 2_000_000 + step))
-    mask = losses.distillation_token_mask(
-        batch.response_mask, cfg.mask_ratio, cfg.skip_first_tokens, generator=generator
-    )  # [N, R]
-    mask = mask * torch.tensor(teacher_prompts.has_target, dtype=mask.dtype).unsqueeze(-1)
-    if stage.method == "hybrid" and stage.hybrid.distill_on == "high_entropy":
-        entropy = rollout_entropy(ctx.model, batch, stage.optim.grad_accum, stage.rollout.temperature)  # [N, R]
-        mask = top_entropy_mask(entropy, mask, stage.hybrid.entropy_top_q)  # [N, R]
-    stats = {
-        **teacher_prompts.stats(),
-        "distill_token_frac": (mask.sum() / batch.response_mask.sum().clamp(min=1.0)).item(),
-    }
-    return DistillTargets(teacher_batch, mask, stats)
-
-
 def _train_on_batch(
     ctx: StageContext,
     batch: TokenBatch,
@@ -391,14 +283,23 @@ def _train_on_batch(
                     _add(sums, "clip_low_frac", ((clip_low.float() * mask).sum() / total_tokens).item())
                     _add(sums, "clip_high_frac", ((clip_high.float() * mask).sum() / total_tokens).item())
             if targets is not None and targets.mask[rows].sum() > 0:
-                d_mask = targets.mask[rows]  # [n_mb, R]
-                t_logits = ctx.teacher.logits(model, targets.teacher_batch.select(rows)) / temperature  # [n_mb, R, V]
+                # The teacher runs only on the rows with a target (hybrid: the failed groups), so sparse
+                # distillation costs a teacher forward in proportion to how sparse it is.
+                has_target = (targets.mask[rows].sum(-1) > 0).nonzero().squeeze(-1)  # [n_t]
+                d_mask = targets.mask[rows][has_target]  # [n_t, R]
+                teacher_mb = targets.teacher_batch.select(rows).select(has_target)
+                t_logits = ctx.teacher.logits(model, teacher_mb) / temperature  # [n_t, R, V]
+                s_logits, s_logp = logits[has_target], logp[has_target]  # [n_t, R, V], [n_t, R]
+                response_ids = mb.response_ids[has_target]  # [n_t, R]
                 per_token = losses.distillation_divergence(
-                    logits, t_logits, distill.alpha, distill.support, distill.topk, distill.tail, mb.response_ids
-                )  # [n_mb, R]
+                    s_logits, t_logits, distill.alpha, distill.support, distill.topk, distill.tail, response_ids
+                )  # [n_t, R]
                 weight = losses.importance_weights(
-                    logp, old, None if rollout_logp is None else rollout_logp[rows], distill.is_cap
-                )  # [n_mb, R]
+                    s_logp,
+                    old[has_target],
+                    None if rollout_logp is None else rollout_logp[rows][has_target],
+                    distill.is_cap,
+                )  # [n_t, R]
                 share = _micro_share(d_mask, targets.mask, distill.aggregation)
                 distill_loss = share * losses.aggregate(per_token * weight, d_mask, distill.aggregation, max_len)
                 if distill_weight > 0:  # hybrid with λ = 0: logged, not added (GRPO's update exactly)
@@ -406,7 +307,7 @@ def _train_on_batch(
                 with torch.no_grad():
                     # `sampled` values are a surrogate, not a divergence: log its estimate log p(y) - log q(y).
                     divergence = (
-                        logp - losses.gather_logprobs(t_logits, mb.response_ids)
+                        s_logp - losses.gather_logprobs(t_logits, response_ids)
                         if distill.support == "sampled"
                         else per_token
                     )

@@ -61,8 +61,8 @@ from torch import Tensor
 from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state, lora_parameters, save_adapter
 from adaptercl.atomic import atomic_dir
 from adaptercl.batching import TokenBatch, response_logits
-from adaptercl.config import DistillConfig, TeacherConfig, TeacherKind
 from adaptercl.losses import trust_region_teacher_logits
+from adaptercl.method_config import DistillConfig, TeacherConfig, TeacherKind
 
 DISTILL_METHODS = ("sdpo", "sdft", "hybrid")  # stage methods that need a teacher
 THINK_BLOCK = re.compile(r"<think>.*?</think>", flags=re.DOTALL)

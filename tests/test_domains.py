@@ -86,6 +86,19 @@ def test_builtin_format_patterns_are_distinct():
             assert own == (name == other_name), (name, other_name, demo)
 
 
+def test_toolcall_one_shot_lists_both_functions_and_copying_the_example_is_wrong():
+    d = builtin("toolcall", num_eval=30, num_train=100)
+    for e in d.eval + d.train:
+        system, shot_user, shot_reply, request = e.messages
+        gold = json.loads(e.demonstration)
+        specs = system["content"]
+        assert gold["name"] != "get_population" and '"get_population"' in specs and f'"{gold["name"]}"' in specs
+        assert shot_user["role"] == "user" and shot_reply["role"] == "assistant" and request["role"] == "user"
+        assert str(next(iter(gold["arguments"].values()))) in request["content"]
+        copied = d.reward(shot_reply["content"], e)  # the one-shot's call, copied verbatim
+        assert not copied.correct and copied.score < 1.0
+
+
 def test_builtin_reward_and_patterns_can_be_overridden():
     d = builtin("copy", reward="arithmetic", format_patterns=["XYZ"])
     assert d.reward("The answer is 3.", d.eval[0]).score == 0.2 and d.format_patterns == ["XYZ"]
@@ -258,3 +271,4 @@ def test_real_dataset_formats(shared_data, fmt, source, extra):
     if fmt == "sciknoweval":
         assert d.eval[0].messages[0]["role"] == "system" and "<answer>" in d.eval[0].messages[0]["content"]
         assert d.reward(f"<answer>\n{d.eval[0].answer}\n</answer>", d.eval[0]).correct
+        assert all(d.reward(e.demonstration, e).correct for e in d.eval)  # the demonstration is the gold, tagged

@@ -72,7 +72,9 @@ def test_killed_run_resumes_to_bit_identical_adapters(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "adaptercl.cli", "recipe", "run", str(recipe_file)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     kill_after = random.Random(os.getpid()).randint(1, 3)  # a step boundary somewhere inside the stage
     metrics = killed / "stage-01-one" / "metrics.jsonl"

@@ -4,21 +4,33 @@
 |------------|----------------------------------------------|--------------------------|------------|
 | arithmetic | single-digit + - x, several phrasings        | `... The answer is N.`   | arithmetic |
 | mcq        | pick the member of a category (3 options)    | `<answer>X</answer>`     | mcq        |
-| toolcall   | one JSON call of a function listed in prompt | `{"name":..,"arguments":..}` | json_call |
+| toolcall   | JSON call of one of two listed functions     | `{"name", "arguments"}`  | json_call  |
 | copy       | repeat a given word (for tiny random models) | the word                 | copy       |
 
 Each example has a system prompt, a gold answer, and a demonstration (a correct reference response, so SDFT runs
 on these too). The formats are distinct per domain, so format leakage between them is measurable.
 
-Sized for the CPU quickstart (SmolLM2-135M-Instruct, GRPO, ~20-30 steps per domain): responses fit in ~32 tokens
-and the base model succeeds on some prompts but not most, with the gap mostly in format and strategy. Measured
-numbers are in the README; how they were chosen:
-- arithmetic: the base model follows the 'The answer is N.' phrasing on some question templates and not on others,
-  and it is more often right when it writes the equation before the answer (the demonstrations do).
-- mcq: instructions alone never made the 135M model use answer tags; a one-shot exchange (a worked question and
-  its tagged answer, as chat turns) does. The model picks options near chance, so what it can learn here is
-  mostly the format under sampling; larger models also learn the content.
-- toolcall: the function spec and the expected JSON shape are given; most misses are the wrong value or shape.
+Sized for the CPU quickstart (SmolLM2-135M-Instruct, GRPO, ~20-30 steps per domain): responses fit in 24 tokens
+and the base model succeeds on some prompts but not most. Measured on SmolLM2-135M-Instruct (Q4_1 GGUF,
+dequantised), seed 0, 50 eval prompts, 24 new tokens; sampled = 4 samples of the first 16-24 prompts:
+
+| domain     | greedy acc | greedy reward | greedy format | T=1.0 reward | T=0.7 reward | groups with spread (T=1) |
+|------------|-----------:|--------------:|--------------:|-------------:|-------------:|-------------------------:|
+| arithmetic |       0.14 |          0.19 |          0.44 |         0.11 |         0.15 |                     9/16 |
+| mcq        |       0.26 |          0.34 |          1.00 |         0.24 |         0.39 |                    13/16 |
+| toolcall   |       0.30 |          0.45 |          1.00 |         0.09 |         0.21 |                    11/16 |
+
+How each was chosen:
+- arithmetic: instructions in the system prompt are followed on some question templates ('a + b = ?', 'Add a and
+  b.') and ignored on others ('What is a + b?'), so the format is learnable; the model is also more often right
+  when it writes the equation before the answer, which is what the demonstrations do.
+- mcq: instructions alone never made the 135M model use answer tags (0 of 100+ tries); a one-shot exchange (a
+  worked question and its tagged answer, as chat turns) does. The 135M model then picks the last option nearly
+  always, so its accuracy is near chance (3 options) and what GRPO can teach it here is little beyond the format
+  under sampling; larger models learn the content.
+- toolcall: without an example the model answers in prose or Python; a one-shot call of another listed function
+  (get_population) fixes the shape, and the misses are copying the example's function or argument instead of
+  switching to the one the request needs.
 
 Train and eval are disjoint by task content (the arithmetic fact, the question, the request), not only by
 phrasing; eval is generated first from its own seed stream, so it does not depend on `num_train`.
@@ -118,9 +130,19 @@ def make_mcq(rng: random.Random) -> Made:
 # ---------------------------------------------------------------------------------------------------- toolcall
 
 TOOLCALL_SYSTEM = (
-    "You can call this function:\n{doc}\n"
-    "To call it, reply with only this JSON object, the placeholder replaced by the value from the request:\n{template}"
+    'You can call these functions:\n{specs}\nReply with only a JSON object {{"name": ..., "arguments": {{...}}}}.'
 )
+# The one-shot exchange calls a function that is listed in every prompt but never the answer: the model has to
+# switch to the function the request needs and fill in its argument instead of copying the example.
+EXAMPLE_FUNCTION = {
+    "name": "get_population",
+    "description": "the population of a country",
+    "parameters": {"country": "string"},
+}
+TOOLCALL_SHOT = [
+    {"role": "user", "content": "How many people live in Peru?"},
+    {"role": "assistant", "content": '{"name": "get_population", "arguments": {"country": "Peru"}}'},
+]
 CITIES = ["Paris", "London", "Tokyo", "Berlin", "Madrid", "Rome", "Cairo", "Lima", "Oslo", "Sydney", "Boston", "Delhi"]
 PEOPLE = ["Anna", "Ben", "Carla", "David", "Emma", "Frank", "Grace", "Hugo", "Iris", "Jack", "Lena", "Omar"]
 ITEMS = ["milk", "bread", "eggs", "rice", "coffee", "apples", "butter", "cheese", "pasta", "tea", "honey", "salt"]
@@ -152,14 +174,11 @@ def make_toolcall(rng: random.Random) -> Made:
     name, arg, doc, values, templates = rng.choice(FUNCTIONS)
     value = rng.choice(values)
     kind = "integer" if isinstance(value, int) else "string"
-    placeholder = f"<{arg}>" if kind == "integer" else f'"<{arg}>"'
-    template = f'{{"name": "{name}", "arguments": {{"{arg}": {placeholder}}}}}'
-    system = TOOLCALL_SYSTEM.format(doc=f"{name}({arg}: {kind}): {doc}", template=template)
+    specs = [EXAMPLE_FUNCTION, {"name": name, "description": doc, "parameters": {arg: kind}}]
+    system = TOOLCALL_SYSTEM.format(specs="\n".join(json.dumps(spec) for spec in specs))
     call = {"name": name, "arguments": {arg: value}}
-    messages = [
-        {"role": "system", "content": system},
-        {"role": "user", "content": rng.choice(templates).format(v=value)},
-    ]
+    request = rng.choice(templates).format(v=value)
+    messages = [{"role": "system", "content": system}, *TOOLCALL_SHOT, {"role": "user", "content": request}]
     return messages, call, json.dumps(call), (name, value)
 
 

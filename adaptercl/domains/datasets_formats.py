@@ -8,19 +8,27 @@ line naming the file and row (or skips and counts with `skip_malformed`).
 |-------------|---------------------------------------------------------------|---------------|----------------------|
 | gsm8k       | question, answer (rationale ending in `#### N`)               | final_number  | rationale, `<<>>` cut |
 | math500     | problem, answer, solution                                     | boxed_math    | solution             |
-| sciknoweval | prompt (options inside), answer (letter), system              | answer_tag    | none                 |
+| sciknoweval | prompt (options inside), answer (letter), system              | answer_tag    | gold letter in tags  |
 | tooluse     | prompt (tool docs + question), answer (JSON list of actions)  | action_calls  | built from the gold  |
 | arc         | query/choices/gold or question/choices{text,label}/answerKey  | choice_letter | `response` if right  |
-| boolq       | sentence ("question: ...\\npassage: ..."), label True/False   | choice_letter | none                 |
-| piqa        | query, choices, gold                                          | choice_letter | none                 |
-| winogrande  | context_options, continuation, gold                           | choice_letter | none                 |
+| boolq       | sentence ("question: ...\\npassage: ..."), label True/False;  | choice_letter | none                 |
+|             | or question, passage, answer (bool) as google/boolq           |               |                      |
+| piqa        | query, choices, gold; or goal, sol1, sol2, label (0/1) as     | choice_letter | none                 |
+|             | ybisk/piqa and its parquet copies (baber/piqa)                |               |                      |
+| winogrande  | context_options, continuation, gold; or sentence (with a      | choice_letter | none                 |
+|             | `_` blank), option1, option2, answer "1"/"2" as               |               |                      |
+|             | allenai/winogrande                                            |               |                      |
 | generic     | `cfg.fields`: prompt, answer, [demonstration], [system]       | cfg.reward    | mapped field         |
 
 Prompts: gsm8k asks for `#### N` on the last line (the dataset's own rationale format, so the demonstration
 matches it); math500 uses the usual "put your final answer within \\boxed{}" suffix; sciknoweval keeps the row's
 system prompt and user prompt as the SDPO data does; tooluse sends the ToolAlpaca prompt as the single user turn,
 as the SDFT/SDPO code does. The retention probes (arc, boolq, piqa, winogrande) list lettered options and ask for
-the letter; they declare no format pattern of their own.
+the letter; they declare no format pattern of their own. Each probe accepts both the lm-eval layout of the local
+copies and the hub dataset's own fields (the layout is told apart by its field names), and both give the same
+prompt for the same item (Winogrande's hub layout fills the blank in place, so it reads "Maria's" where the
+lm-eval layout's split context gives "Maria 's"). The hub test splits of BoolQ, PIQA and Winogrande are
+unlabelled: evaluate on `validation`.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ LETTERS = "ABCDEFGHIJ"
 GSM8K_SYSTEM = "Solve the math problem step by step. Give the final answer on the last line as '#### <number>'."
 MATH_SUFFIX = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 PROBE_SUFFIX = "\n\nAnswer with the letter of the correct option."
+UNLABELLED = " (the hub test split is unlabelled: evaluate on eval_split: validation)"
 
 
 class MalformedRow(ValueError):
@@ -117,7 +126,9 @@ def sciknoweval_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, st
     if not re.fullmatch(r"[A-Z]", answer):
         raise MalformedRow("answer", f"must be one option letter, got {row['answer']!r}")
     system = cfg.system_prompt or (row.get("system") if isinstance(row.get("system"), str) else None)
-    return chat(prompt, system), answer, None
+    # No rationale in these rows: the demonstration is the gold answer in the tags the system prompt asks for, so
+    # SDFT (and the hybrid's failed groups) get a teacher that knows the answer and its format.
+    return chat(prompt, system), answer, f"<answer>{answer}</answer>"
 
 
 def tooluse_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
@@ -170,24 +181,55 @@ def arc_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None
 
 
 def boolq_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
-    sentence, label = need(row, "sentence"), need(row, "label", (str, bool))
+    if "sentence" not in row and ("question" in row or "passage" in row):  # google/boolq layout
+        question, passage = need(row, "question"), need(row, "passage")
+        truth = need(row, "answer", bool)
+        return probe(boolq_text(question, passage), ["yes", "no"], 0 if truth else 1, cfg)
+    sentence, label = need(row, "sentence"), need(row, "label", (str, bool))  # lm-eval layout
     truth = {"true": True, "false": False}.get(str(label).strip().lower())
     if truth is None:
         raise MalformedRow("label", f"must be True or False, got {label!r}")
     m = re.match(r"\s*question:\s*(.*?)\npassage:\s*(.*)", sentence, re.S)
-    text = f"Passage: {m.group(2).strip()}\nQuestion: {m.group(1).strip()}?" if m else sentence
+    text = boolq_text(m.group(1), m.group(2)) if m else sentence
     return probe(text, ["yes", "no"], 0 if truth else 1, cfg)
 
 
+def boolq_text(question: str, passage: str) -> str:
+    """The probe text of a BoolQ item; its questions are lower-case and carry no question mark."""
+    return f"Passage: {passage.strip()}\nQuestion: {question.strip().rstrip('?')}?"
+
+
 def piqa_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
-    query, options = need(row, "query"), need(row, "choices", list)
+    if "query" not in row and "goal" in row:  # ybisk/piqa layout (goal, sol1, sol2, label)
+        goal, options = need(row, "goal"), [need(row, "sol1"), need(row, "sol2")]
+        if row.get("label") == -1:
+            raise MalformedRow("label", f"is -1{UNLABELLED}")
+        return probe(f"Question: {goal.strip()}", options, gold_index(row, "label", 2), cfg)  # as lm-eval's query
+    query, options = need(row, "query"), need(row, "choices", list)  # lm-eval layout
     return probe(query, options, gold_index(row, "gold", len(options)), cfg)
 
 
+WINOGRANDE_QUESTION = "Which sentence makes more sense?"
+
+
 def winogrande_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
-    contexts, ending = need(row, "context_options", list), need(row, "continuation")
+    if "context_options" not in row and "sentence" in row:  # allenai/winogrande layout
+        sentence = need(row, "sentence")
+        if "_" not in sentence:
+            raise MalformedRow("sentence", "has no '_' blank to fill")
+        before, after = sentence.split("_", 1)
+        fillers = [need(row, "option1"), need(row, "option2")]
+        if "answer" not in row or row["answer"] is None:
+            raise MalformedRow("answer", "is missing")
+        answer = str(row["answer"]).strip()
+        if answer not in ("1", "2"):
+            hint = UNLABELLED if answer == "" else ""
+            raise MalformedRow("answer", f"must be '1' or '2', got {row['answer']!r}{hint}")
+        options = [f"{before}{filler.strip()}{after}" for filler in fillers]
+        return probe(WINOGRANDE_QUESTION, options, int(answer) - 1, cfg)
+    contexts, ending = need(row, "context_options", list), need(row, "continuation")  # lm-eval layout
     options = [f"{str(c).strip()} {ending.strip()}" for c in contexts]
-    return probe("Which sentence makes more sense?", options, gold_index(row, "gold", len(options)), cfg)
+    return probe(WINOGRANDE_QUESTION, options, gold_index(row, "gold", len(options)), cfg)
 
 
 # ---------------------------------------------------------------------------------------------------- generic

@@ -1,0 +1,81 @@
+"""The distillation inputs of one step: teacher prompts (SDPO reprompts, SDFT demonstrations or the hybrid's
+sparse choice) on the very same sampled responses, and the token mask that gets a distillation loss."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adaptercl import losses
+from adaptercl.batching import TokenBatch, build_batch, encode_chat
+from adaptercl.domains import Example, RewardResult
+from adaptercl.hybrid import hybrid_teacher_prompts, rollout_entropy, top_entropy_mask
+from adaptercl.rollout import Completion
+from adaptercl.stage_context import StageContext, step_seed
+from adaptercl.teacher import sdft_teacher_prompts, sdpo_teacher_prompts
+
+
+@dataclass
+class DistillTargets:
+    """What the distillation loss of one batch needs besides the student batch."""
+
+    teacher_batch: TokenBatch  # [N, P_T+R]: teacher prompts, then the very same response tokens
+    mask: torch.Tensor  # [N, R] float: response tokens that get a distillation loss
+    stats: dict[str, float]
+
+    def to(self, device: torch.device) -> DistillTargets:
+        return DistillTargets(self.teacher_batch.to(device), self.mask.to(device), self.stats)
+
+
+def distill_targets(
+    ctx: StageContext,
+    step: int,
+    samples: list[Example],
+    completions: list[Completion],
+    results: list[RewardResult],
+    batch: TokenBatch,
+) -> DistillTargets:
+    """Teacher prompts (SDPO reprompts or SDFT demonstrations) and the distillation token mask of one step.
+
+    The mask is the response mask, minus the first `distill.skip_first_tokens` tokens, minus a seeded random
+    `distill.mask_ratio` share, times 0 for samples without a teacher context. Drawn once per step for the
+    whole batch, so micro-batching cannot change it and a resumed stage draws the same one.
+    """
+    stage, tok, cfg = ctx.stage, ctx.tokenizer, ctx.stage.distill
+    prompts = [ex.messages for ex in samples]
+    scores = [r.score for r in results]
+    if stage.method == "sdft":
+        teacher_prompts = sdft_teacher_prompts(prompts, [ex.demonstration for ex in samples], scores, cfg)
+    elif stage.method == "hybrid":
+        teacher_prompts = hybrid_teacher_prompts(
+            prompts,
+            [c.text for c in completions],
+            scores,
+            [r.feedback for r in results],
+            [ex.demonstration for ex in samples],
+            stage.rollout.group_size,
+            cfg,
+            failed_groups_only=stage.hybrid.distill_on == "failed_groups",
+        )
+    else:
+        responses, feedbacks = [c.text for c in completions], [r.feedback for r in results]
+        teacher_prompts = sdpo_teacher_prompts(prompts, responses, scores, feedbacks, stage.rollout.group_size, cfg)
+    teacher_batch = build_batch(
+        [encode_chat(tok, m) for m in teacher_prompts.messages],
+        [c.token_ids for c in completions],
+        tok.pad_token_id,
+    )
+    generator = torch.Generator().manual_seed(step_seed(ctx.recipe.seed, ctx.index, 2_000_000 + step))
+    mask = losses.distillation_token_mask(
+        batch.response_mask, cfg.mask_ratio, cfg.skip_first_tokens, generator=generator
+    )  # [N, R]
+    mask = mask * torch.tensor(teacher_prompts.has_target, dtype=mask.dtype).unsqueeze(-1)
+    if stage.method == "hybrid" and stage.hybrid.distill_on == "high_entropy":
+        entropy = rollout_entropy(ctx.model, batch, stage.optim.grad_accum, stage.rollout.temperature)  # [N, R]
+        mask = top_entropy_mask(entropy, mask, stage.hybrid.entropy_top_q)  # [N, R]
+    stats = {
+        **teacher_prompts.stats(),
+        "distill_token_frac": (mask.sum() / batch.response_mask.sum().clamp(min=1.0)).item(),
+    }
+    return DistillTargets(teacher_batch, mask, stats)

@@ -1,0 +1,139 @@
+"""The method blocks of the recipe grammar: `grpo`, `distill` (with its `teacher`), `hybrid`, `regularizers` and
+`monitor`, each field typed and documented, plus the reference prompt strings and the one table of
+method-dependent defaults. `config.py` assembles them into stages and recipes. No torch import."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Action = Literal["off", "warn", "stop", "rollback"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
+Support = Literal["full", "topk", "sampled"]
+TeacherKind = Literal["base", "stage_start", "ema", "lag", "trust_region"]
+
+
+class ConfigBlock(BaseModel):
+    """A recipe block: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# Reference strings (DESIGN.md §4): lasgroup/SDPO reprompting and the SDFT repo's demonstration prompt.
+SDPO_REPROMPT = "{prompt}{solution}{feedback}\n\nCorrectly solve the original question."
+SDPO_SOLUTION = "\nCorrect solution:\n\n{successful_previous_attempt}"
+SDPO_FEEDBACK = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback_raw}"
+SDFT_DEMONSTRATION = (
+    "\n{question}\n\nThis is an example for a response to the question:\n{demonstration}\n\n"
+    "Now answer with a response of your own, including the thinking process.\n"
+)
+
+# The one table of method-dependent defaults: (teacher kind, EMA tau, divergence alpha, skipped first tokens).
+METHOD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "grpo": {"teacher_kind": "base", "tau": 0.05, "alpha": 0.5, "skip_first_tokens": 0},
+    "sdpo": {"teacher_kind": "ema", "tau": 0.05, "alpha": 0.5, "skip_first_tokens": 0},
+    "sdft": {"teacher_kind": "ema", "tau": 0.01, "alpha": 0.0, "skip_first_tokens": 3},
+    "hybrid": {"teacher_kind": "stage_start", "tau": 0.05, "alpha": 1.0, "skip_first_tokens": 0},
+}
+
+
+class GrpoConfig(ConfigBlock):
+    epsilon_low: float = Field(0.2, ge=0.0, lt=1.0, description="Lower clip: rho >= 1 - epsilon_low.")
+    epsilon_high: float = Field(0.28, ge=0.0, description="Upper clip (DAPO clip-higher): rho <= 1 + epsilon_high.")
+    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c for negative advantages.")
+    scale_rewards: bool = Field(False, description="Divide advantages by the group std (off = Dr.GRPO).")
+    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the base model (adapter disabled).")
+    aggregation: Aggregation = Field("token_mean", description="How token losses become one number.")
+    iterations: int = Field(1, ge=1, description="Optimisation passes over each batch of rollouts.")
+
+
+class TeacherConfig(ConfigBlock):
+    kind: TeacherKind | None = Field(None, description="Self-teacher; default depends on the method.")
+    tau: float | None = Field(None, gt=0.0, le=1.0, description="EMA rate; default 0.05 (SDPO) or 0.01 (SDFT).")
+    ema_rank: int | None = Field(None, ge=1, description="Rank of the EMA teacher adapter; default 2 x lora.r.")
+    lag_steps: int = Field(10, ge=1, description="`lag` teacher: hard copy of the student every N steps.")
+    trust_region_coef: float = Field(0.5, ge=0.0, le=1.0, description="`trust_region`: z = (1-c) z_ref + c z_s.")
+
+
+class DistillConfig(ConfigBlock):
+    alpha: float | None = Field(
+        None, ge=0.0, le=1.0, description="0 forward KL(q||p), 1 reverse KL(p||q), else generalized JSD."
+    )
+    support: Support = Field("topk", description="Vocabulary support of the divergence.")
+    topk: int = Field(100, ge=1, description="`topk` support: the student's top-k tokens.")
+    tail: bool = Field(True, description="`topk`: add the tail bucket (off = renormalise over the k tokens).")
+    mask_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Drop each response token from the loss w.p. this.")
+    is_cap: float = Field(2.0, gt=0.0, description="Cap of the per-token importance weights.")
+    skip_first_tokens: int | None = Field(None, ge=0, description="Response tokens skipped; default 3 for SDFT.")
+    success_threshold: float = Field(0.5, description="A sibling with reward >= this is a successful demonstration.")
+    use_feedback: bool = Field(True, description="SDPO: use reward feedback when no sibling succeeded.")
+    strip_think: bool = Field(True, description="Strip <think>...</think> from demonstrations.")
+    aggregation: Aggregation = Field("token_mean", description="How token losses become one number.")
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    reprompt_template: str = SDPO_REPROMPT
+    solution_template: str = SDPO_SOLUTION
+    feedback_template: str = SDPO_FEEDBACK
+    demonstration_template: str = SDFT_DEMONSTRATION
+
+
+class HybridConfig(ConfigBlock):
+    distill_weight: float = Field(
+        0.1, ge=0.0, description="lambda: weight of the sparse distillation loss added to GRPO's (0 = plain GRPO)."
+    )
+    distill_on: Literal["failed_groups", "high_entropy", "all"] = Field(
+        "failed_groups",
+        description="Which tokens are distilled: samples of groups with no success (teacher shown the example's "
+        "demonstration and/or the reward feedback), the top-q highest-entropy tokens of the batch, or all.",
+    )
+    entropy_top_q: float = Field(
+        0.2, gt=0.0, le=1.0, description="`high_entropy`: fraction of the batch's response tokens distilled."
+    )
+
+
+class RegularizerConfig(ConfigBlock):
+    kl_prev: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of the token-mean KL(current || previous stage's policy) on the current rollouts; the "
+        "previous policy is the model after the previous stage (stage 1: the base). Costs one forward per step.",
+    )
+    l2_prev: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of sum over modules of ||dW - dW_0||_F^2, dW_0 = the student's dW at stage start (the "
+        "previous stage's dW under init continue, 0 under new, the merge under merge).",
+    )
+    orthogonal: float = Field(
+        0.0, ge=0.0, description="O-LoRA weight: sum of ||A A_old^T||_F^2 against earlier adapters active under it."
+    )
+    replay_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of each step's prompts drawn from earlier stages' domains (scored by their own reward); "
+        "rounded, at least 1 prompt when > 0 and an earlier domain exists.",
+    )
+
+
+class MonitorConfig(ConfigBlock):
+    """Collapse guard and checkpoints (see adaptercl/monitor.py for the rules)."""
+
+    checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (rollback targets and resume).")
+    drift_every: int = Field(
+        0, ge=0, description="Log aggregate parameter drift (vs the base) every N steps in metrics.jsonl; 0 = off."
+    )
+    window: int = Field(5, ge=2, description="Steps over which trends (reward fall, divergence fall) are measured.")
+    nonfinite: Action = Field("rollback", description="NaN/inf loss or grad norm.")
+    divergence_collapse: Action = Field(
+        "rollback", description="Teacher-student divergence below divergence_floor while the reward falls."
+    )
+    divergence_floor: float = Field(1e-3, ge=0.0, description="Divergence under which the teacher adds nothing.")
+    reward_fall: float = Field(0.1, ge=0.0, description="A reward fall (window mean vs previous window) this big.")
+    target_starvation: Action = Field("warn", description="Fraction of samples with a teacher target hits 0.")
+    repetition: Action = Field("rollback", description="Repeated-4-gram rate of responses above repetition_max.")
+    repetition_max: float = Field(0.5, gt=0.0, le=1.0, description="Repetition rate that counts as a spike.")
+    entropy_collapse: Action = Field("warn", description="Mean policy entropy below entropy_min.")
+    entropy_min: float = Field(0.02, ge=0.0, description="Entropy (nats/token) that counts as collapsed.")
+    max_rollbacks: int = Field(2, ge=0, description="Rollbacks allowed per stage; then a rollback alarm stops it.")
+    lr_scale_on_rollback: float = Field(0.5, gt=0.0, le=1.0, description="LR multiplier applied at each rollback.")

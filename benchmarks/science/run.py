@@ -1,0 +1,341 @@
+"""Science benchmark: the continual trade-off of GRPO, SDPO (full/top-k/sampled support, frozen or EMA teacher)
+and the hybrid, on SmolLM2-135M-Instruct over three built-in domains, with the same budget per method.
+
+Each method is `base.yaml` with its method blocks set (METHODS below), run as its own `adaptercl recipe run`
+process (so peak memory and crashes stay separate). The runs land in --runs (default runs/science); this script
+then reads every run's summary.json, drift.json and metrics.jsonl and writes results.json, results.md and
+results.png beside itself, comparing the directions the SDPO-CL paper reports ("Denser != Better").
+
+    python benchmarks/science/run.py                       # every method, seed 0, two runs at a time
+    python benchmarks/science/run.py --methods grpo hybrid --seeds 0 1
+    python benchmarks/science/run.py --collect-only        # rebuild the results from finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+
+# The frozen teacher is the stage-start policy (a frozen copy of the adapter as it was when the stage began).
+# alpha = 1 (reverse KL) for every SDPO variant so that only the support differs ("sampled" requires it).
+SDPO = {"method": "sdpo"}
+METHODS: dict[str, dict] = {
+    "grpo": {"method": "grpo"},
+    "sdpo_full": {**SDPO, "distill": {"support": "full", "alpha": 1.0, "teacher": {"kind": "stage_start"}}},
+    "sdpo_topk": {
+        **SDPO,
+        "distill": {"support": "topk", "topk": 20, "alpha": 1.0, "teacher": {"kind": "stage_start"}},
+    },
+    "sdpo_sampled": {**SDPO, "distill": {"support": "sampled", "alpha": 1.0, "teacher": {"kind": "stage_start"}}},
+    "sdpo_ema": {
+        **SDPO,
+        "distill": {"support": "topk", "topk": 20, "alpha": 1.0, "teacher": {"kind": "ema", "tau": 0.05}},
+    },
+    "hybrid": {
+        "method": "hybrid",
+        "distill": {"support": "sampled", "alpha": 1.0, "teacher": {"kind": "stage_start"}},
+        "hybrid": {"distill_weight": 0.1, "distill_on": "failed_groups"},
+        "regularizers": {"l2_prev": 0.01},
+    },
+}
+
+
+def method_recipe(method: str, seed: int, runs: Path) -> dict:
+    """base.yaml with `method`'s blocks: the method on every stage, its blocks at recipe level."""
+    recipe = yaml.safe_load((HERE / "base.yaml").read_text())
+    spec = dict(METHODS[method])
+    name = spec.pop("method")
+    for stage in recipe["stages"]:
+        stage["method"] = name
+    recipe.update(spec)
+    recipe["seed"] = seed
+    recipe["output_dir"] = str(runs / f"{method}-s{seed}")
+    return recipe
+
+
+def run_one(method: str, seed: int, runs: Path) -> float:
+    """Run one method/seed as a subprocess; returns its wall time (finished runs return at once)."""
+    recipe = method_recipe(method, seed, runs)
+    out = Path(recipe["output_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    recipe_path = runs / f"{method}-s{seed}.yaml"
+    recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    t0 = time.perf_counter()
+    with open(runs / f"{method}-s{seed}.log", "w") as log:
+        cmd = [sys.executable, "-m", "adaptercl.cli", "recipe", "run", str(recipe_path)]
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
+    wall = time.perf_counter() - t0
+    print(f"{method} seed {seed}: exit {rc}, {wall / 60:.1f} min", flush=True)
+    return wall
+
+
+# ------------------------------------------------------------------------------------------------ collecting
+
+
+def collect_run(run_dir: Path) -> dict | None:
+    """The figures of one finished run, or None when it has no summary."""
+    summary_path = run_dir / "summary.json"
+    if not summary_path.is_file():
+        return None
+    summary = json.loads(summary_path.read_text())
+    cl = summary["cl_metrics"]
+    stage_dirs = summary["stages"][1:]
+    final_drift = json.loads((run_dir / stage_dirs[-1] / "drift.json").read_text())
+    parameter = final_drift.get("parameter", {}).get("aggregate", {})
+    response = final_drift.get("response", {})
+    events, reward_first, reward_last, train_seconds = [], [], [], 0.0
+    for stage in stage_dirs:
+        rows = [json.loads(line) for line in (run_dir / stage / "metrics.jsonl").read_text().splitlines() if line]
+        events += [{**r, "stage": stage} for r in rows if "event" in r]
+        steps = [r for r in rows if "event" not in r]
+        k = max(1, len(steps) // 4)  # mean training reward over the first and last quarter of the stage
+        reward_first.append(statistics.fmean(r["reward_mean"] for r in steps[:k]))
+        reward_last.append(statistics.fmean(r["reward_mean"] for r in steps[-k:]))
+        train_seconds += json.loads((run_dir / stage / "done.json").read_text())["train_seconds"]
+    return {
+        "accuracy": summary["accuracy"],
+        "domains": summary["domains"],
+        "acc": cl["acc"],
+        "bwt": cl["bwt"],
+        "forgetting": cl["forgetting"],
+        "plasticity": cl["plasticity"],
+        "parameter_drift": parameter.get("relative_delta_norm_mean"),
+        "spectral_shift": parameter.get("spectral_shift_mean"),
+        "response_kl_to_base": statistics.fmean(d["kl_to_base"] for d in response.values()) if response else None,
+        "response_entropy": statistics.fmean(d["entropy"] for d in response.values()) if response else None,
+        "foreign_format_rate": (
+            statistics.fmean(d["foreign_format_rate"] for d in response.values()) if response else None
+        ),
+        "guard_events": [f"{e['stage']} step {e['step']}: {e['event']} ({e['action']})" for e in events],
+        "train_reward_first_quarter": reward_first,
+        "train_reward_last_quarter": reward_last,
+        "train_minutes": train_seconds / 60,
+    }
+
+
+def mean_std(values: list[float | None]) -> tuple[float | None, float | None]:
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+FIELDS = [
+    "acc",
+    "bwt",
+    "forgetting",
+    "plasticity",
+    "parameter_drift",
+    "spectral_shift",
+    "response_kl_to_base",
+    "foreign_format_rate",
+]
+
+
+def aggregate(per_seed: dict[str, dict[int, dict]]) -> dict[str, dict]:
+    out = {}
+    for method, runs in per_seed.items():
+        out[method] = {"seeds": sorted(runs)}
+        for field in FIELDS:
+            out[method][field], out[method][field + "_std"] = mean_std([r[field] for r in runs.values()])
+        out[method]["guard_fired"] = any(r["guard_events"] for r in runs.values())
+    return out
+
+
+def paper_checks(agg: dict[str, dict]) -> list[dict]:
+    """The SDPO-CL paper's directions, each as measured here (None when a method is missing)."""
+
+    def get(method: str, field: str) -> float | None:
+        return agg.get(method, {}).get(field)
+
+    def check(claim: str, left: str, right: str, field: str, expect: str) -> dict:
+        a, b = get(left, field), get(right, field)
+        holds = None if a is None or b is None else (a > b if expect == ">" else a <= b)
+        return {"claim": claim, "measure": f"{field}: {left} {expect} {right}", "left": a, "right": b, "holds": holds}
+
+    sdpo = "sdpo_topk"  # the SDPO default support, frozen teacher
+    checks = [
+        check("SDPO specialises faster in-domain than GRPO", sdpo, "grpo", "plasticity", ">"),
+        check("SDPO forgets more than GRPO", sdpo, "grpo", "forgetting", ">"),
+        check("SDPO drifts further from the base than GRPO (parameters)", sdpo, "grpo", "parameter_drift", ">"),
+        check(
+            "Denser supervision drifts more: full > top-k (parameters)",
+            "sdpo_full",
+            "sdpo_topk",
+            "parameter_drift",
+            ">",
+        ),
+        check(
+            "Denser supervision drifts more: top-k > sampled (parameters)",
+            "sdpo_topk",
+            "sdpo_sampled",
+            "parameter_drift",
+            ">",
+        ),
+        check(
+            "Denser supervision drifts more: full > sampled (responses, KL to base)",
+            "sdpo_full",
+            "sdpo_sampled",
+            "response_kl_to_base",
+            ">",
+        ),
+        check("Hybrid goal: forgetting <= GRPO's", "hybrid", "grpo", "forgetting", "<="),
+    ]
+    gain_h, gain_s = get("hybrid", "plasticity"), get(sdpo, "plasticity")
+    ratio = None if gain_h is None or not gain_s else gain_h / gain_s
+    checks.append(
+        {
+            "claim": "Hybrid goal: in-domain gain >= 90 % of SDPO's",
+            "measure": f"plasticity: hybrid / {sdpo} >= 0.9",
+            "left": gain_h,
+            "right": gain_s,
+            "holds": None if ratio is None else (ratio >= 0.9 if gain_s > 0 else gain_h >= gain_s),
+        }
+    )
+    ema = get("sdpo_ema", "guard_fired"), get("sdpo_topk", "guard_fired")
+    checks.append(
+        {
+            "claim": "The EMA teacher is less stable than a frozen one",
+            "measure": "collapse guard fired: sdpo_ema and not sdpo_topk",
+            "left": ema[0],
+            "right": ema[1],
+            "holds": None if None in ema else bool(ema[0] and not ema[1]),
+        }
+    )
+    return checks
+
+
+def fmt(value, std=None) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    text = f"{value:+.3f}" if isinstance(value, float) else str(value)
+    return text + (f" ± {std:.3f}" if std else "")
+
+
+def write_results(per_seed: dict[str, dict[int, dict]], walls: dict[str, float]) -> None:
+    agg = aggregate(per_seed)
+    checks = paper_checks(agg)
+    import torch
+    import transformers
+
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
+    meta = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, {platform.system()}",
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "git": rev.strip()},
+        "command": "python benchmarks/science/run.py " + " ".join(sys.argv[1:]),
+        "base_recipe": "benchmarks/science/base.yaml",
+        "methods": METHODS,
+    }
+    data = {"meta": meta, "per_seed": per_seed, "aggregate": agg, "paper_checks": checks, "wall_seconds": walls}
+    tmp = HERE / "results.json.tmp"
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, HERE / "results.json")
+
+    lines = ["# Science benchmark results (generated by run.py)", ""]
+    lines += [f"Machine: {meta['machine']}; torch {torch.__version__}, transformers {transformers.__version__};"]
+    lines += [f"git {rev.strip()}. Command: `{meta['command']}`. Setting: `base.yaml` + METHODS in run.py.", ""]
+    lines += [
+        "| method | seeds | ACC | BWT | forgetting | plasticity | param drift | spectral | KL base | foreign | guard |"
+    ]
+    lines += ["|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for method, a in agg.items():
+        cells = [fmt(a[f], a[f + "_std"]) for f in FIELDS]
+        lines.append(f"| {method} | {len(a['seeds'])} | " + " | ".join(cells) + f" | {fmt(a['guard_fired'])} |")
+    lines += ["", "Accuracy matrices (rows: before, after each stage; columns: domains), first seed:", ""]
+    for method, runs in per_seed.items():
+        run = runs[min(runs)]
+        lines += [f"**{method}**", "", "| after | " + " | ".join(run["domains"]) + " |"]
+        lines += ["|---|" + "---:|" * len(run["domains"])]
+        names = ["before"] + [f"stage {i}" for i in range(1, len(run["accuracy"]))]
+        lines += [f"| {n} | " + " | ".join(f"{v:.3f}" for v in row) + " |" for n, row in zip(names, run["accuracy"])]
+        if run["guard_events"]:
+            lines += ["", "Guard: " + "; ".join(run["guard_events"])]
+        lines.append("")
+    lines += ["## The paper's directions, as measured here", "", "| claim | measure | left | right | reproduces |"]
+    lines += ["|---|---|---:|---:|---|"]
+    for c in checks:
+        holds = "–" if c["holds"] is None else ("yes" if c["holds"] else "no")
+        lines.append(f"| {c['claim']} | {c['measure']} | {fmt(c['left'])} | {fmt(c['right'])} | {holds} |")
+    tmp = HERE / "results.md.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, HERE / "results.md")
+    plot(per_seed, HERE / "results.png")
+
+
+def plot(per_seed: dict[str, dict[int, dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(per_seed)
+    first = per_seed[methods[0]][min(per_seed[methods[0]])]
+    domains = first["domains"]
+    fig, axes = plt.subplots(1, len(domains) + 1, figsize=(4 * (len(domains) + 1), 3.6))
+    for d, domain in enumerate(domains):
+        ax = axes[d]
+        for method in methods:
+            run = per_seed[method][min(per_seed[method])]
+            ax.plot(range(len(run["accuracy"])), [row[d] for row in run["accuracy"]], marker="o", label=method)
+        ax.set_title(domain)
+        ax.set_xlabel("after stage (0 = before)")
+        ax.set_ylabel("greedy accuracy")
+    axes[0].legend(fontsize=7)
+    ax = axes[-1]
+    for method in methods:
+        runs = per_seed[method].values()
+        ax.scatter([r["plasticity"] for r in runs], [r["forgetting"] for r in runs], label=method)
+    ax.set_xlabel("plasticity (in-domain gain)")
+    ax.set_ylabel("forgetting")
+    ax.set_title("trade-off")
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
+    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "science")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (each with OMP_NUM_THREADS=1)")
+    parser.add_argument("--collect-only", action="store_true")
+    args = parser.parse_args()
+    args.runs.mkdir(parents=True, exist_ok=True)
+    jobs = [(m, s) for s in args.seeds for m in args.methods]
+    walls: dict[str, float] = {}
+    if not args.collect_only:
+        with ThreadPoolExecutor(args.jobs) as pool:
+            for (m, s), wall in zip(jobs, pool.map(lambda job: run_one(*job, args.runs), jobs)):
+                walls[f"{m}-s{s}"] = wall
+    per_seed: dict[str, dict[int, dict]] = {}
+    for m, s in jobs:
+        result = collect_run(args.runs / f"{m}-s{s}")
+        if result is None:
+            print(f"{m} seed {s}: no summary.json (see {args.runs}/{m}-s{s}.log)")
+            continue
+        per_seed.setdefault(m, {})[s] = result
+    if per_seed:
+        write_results(per_seed, walls)
+        print((HERE / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
