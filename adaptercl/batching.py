@@ -47,9 +47,19 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: in
     return TokenBatch(input_ids, attention, position_ids, input_ids[:, p_width:].clone(), response_mask)
 
 
-def response_logits(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
-    """Logits predicting each response token: [N, R, V] (float32)."""
+def response_logits(model: torch.nn.Module, batch: TokenBatch, share_prompts: bool = True) -> torch.Tensor:
+    """Logits predicting each response token: [N, R, V] (float32).
+
+    GRPO and SDPO batches hold each prompt G times in consecutive rows. With `share_prompts` such a prompt is run
+    once and its key/value cache repeated for its rows (gradients flow back through the repeat), so the forward
+    and backward cost of the prompt tokens is divided by G; a batch without repeated consecutive prompts takes
+    the plain path. Both paths give the same logits up to float rounding.
+    """
     r_width = batch.response_ids.shape[1]
+    if share_prompts:
+        counts = _consecutive_prompt_counts(batch)  # [U]
+        if counts is not None:
+            return _shared_prompt_logits(model, batch, counts)
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -58,6 +68,42 @@ def response_logits(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
         use_cache=False,
     )
     return out.logits[:, :-1].float()  # position P-1+t predicts response token t
+
+
+def _consecutive_prompt_counts(batch: TokenBatch) -> torch.Tensor | None:
+    """Run lengths of identical consecutive prompts ([U], summing to N), or None when no prompt repeats."""
+    p_width = batch.input_ids.shape[1] - batch.response_ids.shape[1]
+    prompts = torch.cat([batch.input_ids[:, :p_width], batch.attention_mask[:, :p_width]], dim=1)  # [N, 2P]
+    _, counts = torch.unique_consecutive(prompts, dim=0, return_counts=True)
+    return counts if len(counts) < len(prompts) else None
+
+
+def _shared_prompt_logits(model: torch.nn.Module, batch: TokenBatch, counts: torch.Tensor) -> torch.Tensor:
+    """`response_logits` with each run of identical prompts computed once. counts: [U] rows per unique prompt."""
+    n, total = batch.input_ids.shape
+    r_width = batch.response_ids.shape[1]
+    p_width = total - r_width
+    first = counts.cumsum(0) - counts  # [U] first row of each run
+    prompt_out = model(
+        input_ids=batch.input_ids[first, :p_width],  # [U, P]
+        attention_mask=batch.attention_mask[first, :p_width],
+        position_ids=batch.position_ids[first, :p_width],
+        logits_to_keep=1,  # the last prompt position (never padding: prompts are left-padded)
+        use_cache=True,
+    )
+    first_logits = prompt_out.logits[:, -1:].float().repeat_interleave(counts, dim=0)  # [N, 1, V]
+    if r_width == 1:
+        return first_logits
+    cache = prompt_out.past_key_values
+    cache.batch_repeat_interleave(counts.to(batch.input_ids.device))  # [U, ...] -> [N, ...], differentiable
+    rest = model(
+        input_ids=batch.input_ids[:, p_width:-1],  # [N, R-1]: response tokens 0..R-2 predict tokens 1..R-1
+        attention_mask=batch.attention_mask[:, :-1],  # [N, P+R-1]
+        position_ids=batch.position_ids[:, p_width:-1],
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([first_logits, rest.logits.float()], dim=1)  # [N, R, V]
 
 
 @torch.no_grad()

@@ -19,15 +19,45 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from adaptercl.method_config import (
+from adaptercl.method_config import (  # re-exported: a recipe's blocks are importable from here
     METHOD_DEFAULTS,
+    Action,
+    Aggregation,
     DistillConfig,
     GrpoConfig,
     HybridConfig,
     MonitorConfig,
     RegularizerConfig,
+    Support,
+    TeacherConfig,
+    TeacherKind,
 )
 from adaptercl.method_config import ConfigBlock as _Block
+
+__all__ = [
+    "METHOD_DEFAULTS",
+    "Action",
+    "AdapterInitConfig",
+    "Aggregation",
+    "DistillConfig",
+    "DomainConfig",
+    "EvalConfig",
+    "GrpoConfig",
+    "HybridConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "MonitorConfig",
+    "OptimConfig",
+    "RecipeConfig",
+    "RecipeError",
+    "RegularizerConfig",
+    "RolloutConfig",
+    "StageConfig",
+    "Support",
+    "TeacherConfig",
+    "TeacherKind",
+    "resolve_recipe",
+]
 
 Method = Literal["grpo", "sdpo", "sdft", "hybrid"]
 MergeMethod = Literal["task_arithmetic", "ties", "dare_linear", "dare_ties"]
