@@ -18,6 +18,7 @@ the workaround for its eval-then-train bug (`_disable_cpu_bf16_fast_path`).
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from adaptercl.atomic import atomic_dir
+from adaptercl.atomic import atomic_dir, write_text
 from adaptercl.config import ModelConfig, RecipeError
 
 log = logging.getLogger(__name__)
@@ -136,6 +137,7 @@ def resolve_model_path(model_cfg: ModelConfig) -> tuple[str, str]:
 def _smollm2_path(root: Path) -> tuple[str, str]:
     converted = root / "smollm2-135m-instruct"
     if (converted / "config.json").is_file():
+        drop_gguf_quantization_config(converted)  # caches converted before that key was dropped
         return str(converted), f"converted GGUF cache {converted}"
     try:
         from huggingface_hub import snapshot_download
@@ -169,7 +171,20 @@ def convert_gguf(gguf_file: Path, target: Path) -> Path:
     with atomic_dir(target, keep_existing=True) as tmp:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        drop_gguf_quantization_config(tmp)
     return target
+
+
+def drop_gguf_quantization_config(folder: Path) -> None:
+    """Remove the GGUF `quantization_config` a dequantised conversion inherits from the GGUF-loaded config: the
+    weights are plain floats, and with the key transformers marks the model as quantised (Trainer then refuses to
+    train it, vLLM to serve it)."""
+    path = Path(folder) / "config.json"
+    config = json.loads(path.read_text())
+    if (config.get("quantization_config") or {}).get("quant_method") != "gguf":
+        return
+    del config["quantization_config"]
+    write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def materialize_tiny_random(root: Path) -> Path:
