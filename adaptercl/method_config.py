@@ -133,6 +133,16 @@ class MonitorConfig(ConfigBlock):
     target_starvation: Action = Field("warn", description="Fraction of samples with a teacher target hits 0.")
     repetition: Action = Field("rollback", description="Repeated-4-gram rate of responses above repetition_max.")
     repetition_max: float = Field(0.5, gt=0.0, le=1.0, description="Repetition rate that counts as a spike.")
+    reward_collapse: Action = Field(
+        "warn",
+        description="The training reward's mean over the last `window` steps fell below reward_collapse_ratio x its "
+        "best earlier window mean in the stage (the SDPO failure seen in benchmarks/science: entropy rises, the "
+        "format is lost, the reward goes to 0 while the divergence stays large).",
+    )
+    reward_collapse_ratio: float = Field(0.5, gt=0.0, lt=1.0, description="Share of the best window mean kept.")
+    reward_collapse_min: float = Field(
+        0.1, ge=0.0, description="Best window mean needed before a fall counts (a reward near 0 cannot collapse)."
+    )
     entropy_collapse: Action = Field("warn", description="Mean policy entropy below entropy_min.")
     entropy_min: float = Field(0.02, ge=0.0, description="Entropy (nats/token) that counts as collapsed.")
     max_rollbacks: int = Field(2, ge=0, description="Rollbacks allowed per stage; then a rollback alarm stops it.")

@@ -10,7 +10,9 @@ stage never ships the weights of the step that raised the alarm.
 Defaults target the collapse reported in the SDPO-CL paper ("Denser != Better"): the teacher-student divergence
 shrinks towards 0 while the reward falls (the student has become its own teacher and drifts together with it),
 the fraction of samples with a teacher target falls to 0 (no successful sibling: SDPO has no gradient), and
-repetition spikes before the output degenerates.
+repetition spikes before the output degenerates. `reward_collapse` catches the other way SDPO failed in
+benchmarks/science on a 135M model: the divergence stays large, entropy rises, the answer format is lost and the
+training reward falls to a fraction of its best.
 """
 
 from __future__ import annotations
@@ -67,6 +69,19 @@ def rule_repetition(history: list[dict], cfg: MonitorConfig) -> str | None:
     return None
 
 
+def rule_reward_collapse(history: list[dict], cfg: MonitorConfig) -> str | None:
+    rewards = _recent(history, "reward_mean", len(history))
+    w = cfg.window
+    if len(rewards) < w + 1:
+        return None
+    means = [sum(rewards[i : i + w]) / w for i in range(len(rewards) - w + 1)]  # sliding window means
+    best, now = max(means[:-1]), means[-1]
+    if best >= cfg.reward_collapse_min and now < cfg.reward_collapse_ratio * best:
+        ratio = cfg.reward_collapse_ratio
+        return f"reward (mean of the last {w} steps) {now:.3f} < {ratio} x the stage's best {best:.3f}"
+    return None
+
+
 def rule_entropy_collapse(history: list[dict], cfg: MonitorConfig) -> str | None:
     entropy = history[-1].get("entropy")
     if entropy is not None and entropy < cfg.entropy_min:
@@ -79,6 +94,7 @@ RULES: dict[str, Callable[[list[dict], MonitorConfig], str | None]] = {
     "divergence_collapse": rule_divergence_collapse,
     "target_starvation": rule_target_starvation,
     "repetition": rule_repetition,
+    "reward_collapse": rule_reward_collapse,
     "entropy_collapse": rule_entropy_collapse,
 }
 
