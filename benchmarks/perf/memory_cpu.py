@@ -34,7 +34,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from provenance import HERE, markdown_table, provenance, write_result  # noqa: E402
+from provenance import HERE, add_workload_arguments, markdown_table, provenance, write_result  # noqa: E402
 
 WHAT = ("baseline", "grpo", "sdpo", "sdft", "hybrid")
 RECIPES = {"sdpo": "sdpo.yaml", "sdft": "sdft.yaml", "hybrid": "hybrid.yaml"}  # under recipes/
@@ -188,11 +188,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="smollm2-135m-instruct", help="smollm2-135m-instruct or tiny-random")
-    parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")
+    add_workload_arguments(parser, model="smollm2-135m-instruct", max_new_tokens=64)
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (the memory knob)")
     parser.add_argument("--steps", type=int, default=3, help="stage steps per method")
     parser.add_argument("--runs", nargs="+", default=list(WHAT), choices=WHAT, help="what to measure")

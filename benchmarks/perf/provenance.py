@@ -119,3 +119,14 @@ def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def add_workload_arguments(
+    parser, model: str = "tiny-random", prompts_per_step: int = 4, max_new_tokens: int = 48
+) -> None:
+    """The workload options the CPU scripts share: model, prompts x samples x tokens, LoRA rank."""
+    parser.add_argument("--model", default=model, help="tiny-random, smollm2-135m-instruct or a local folder")
+    parser.add_argument("--prompts-per-step", type=int, default=prompts_per_step)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")

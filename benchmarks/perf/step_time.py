@@ -46,7 +46,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from provenance import markdown_table, provenance, spread, write_result  # noqa: E402
+from provenance import add_workload_arguments, markdown_table, provenance, spread, write_result  # noqa: E402
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -355,11 +355,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-random", help="tiny-random, smollm2-135m-instruct or a local folder")
-    parser.add_argument("--prompts-per-step", type=int, default=2)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")
+    add_workload_arguments(parser, prompts_per_step=2)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--warmup", type=int, default=2, help="steps of each system left out of the statistics")
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each system")

@@ -42,7 +42,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import yaml  # noqa: E402
-from provenance import HERE, markdown_table, provenance, spread, write_result  # noqa: E402
+from provenance import HERE, add_workload_arguments, markdown_table, provenance, spread, write_result  # noqa: E402
 
 METHODS = ("grpo", "sdpo", "sdft", "hybrid")
 RECIPES = {"sdpo": "sdpo.yaml", "sdft": "sdft.yaml", "hybrid": "hybrid.yaml"}  # under recipes/
@@ -283,11 +283,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="tiny-random", help="tiny-random, smollm2-135m-instruct or a local folder")
-    parser.add_argument("--prompts-per-step", type=int, default=4)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")
+    add_workload_arguments(parser)
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
     parser.add_argument("--failed-group-frac", type=float, default=0.5, help="share of groups without a success")
     parser.add_argument("--warmup", type=int, default=1, help="rounds over all methods left out")
