@@ -62,3 +62,31 @@ def test_shared_prompt_logits_and_gradients_equal_the_plain_forward(quantization
     assert any(g.abs().max() > 0 for g in plain_grads.values())
     for k in plain_grads:
         torch.testing.assert_close(shared_grads[k], plain_grads[k], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_rollouts_with_a_shared_prefill_equal_rollouts_without(greedy, monkeypatch):
+    from adaptercl.rollout import SamplingParams, hf
+
+    model, tok = student_model("none")
+    prompts = [tok(p)["input_ids"] for p in ["what is two plus two?", "abc", "a longer prompt than the others"]]
+    params = SamplingParams(max_new_tokens=8, n=3, greedy=greedy, seed=5)
+    calls = []
+    shared_prefill = hf._shared_prefill
+    monkeypatch.setattr(hf, "_shared_prefill", lambda *a: calls.append(1) or shared_prefill(*a))
+    shared = hf.HFEngine(model, tok).generate(prompts, ["student"], params)
+    assert (
+        calls and shared_prefill(model, *_padded(prompts, params.n, tok.pad_token_id)) is not None
+    )  # the shared path ran
+    monkeypatch.setattr(hf, "_shared_prefill", lambda *a: None)
+    plain = hf.HFEngine(model, tok).generate(prompts, ["student"], params)
+    assert [[c.token_ids for c in g] for g in shared] == [[c.token_ids for c in g] for g in plain]
+    if not greedy:  # different samples within a group, not one repeated
+        assert len({tuple(c.token_ids) for g in shared for c in g}) > len(prompts)
+
+
+def _padded(prompts, n, pad_id):
+    rows = [p for p in prompts for _ in range(n)]
+    width = max(map(len, rows))
+    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in rows])
+    return ids, (ids != pad_id).long() if pad_id is not None else torch.ones_like(ids)

@@ -64,9 +64,11 @@ class HFEngine:
             if params.greedy
             else {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
         )
+        input_ids, attention = input_ids.to(device), attention.to(device)
         sequences = self.model.generate(
-            input_ids=input_ids.to(device),
-            attention_mask=attention.to(device),
+            input_ids=input_ids,
+            attention_mask=attention,
+            past_key_values=_shared_prefill(self.model, input_ids, attention),
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.stop_ids,
             pad_token_id=pad_id,
@@ -92,6 +94,29 @@ class HFEngine:
             for c, lp in zip(completions, response_logprobs(self.model, completions, pad_id, params.temperature)):
                 c.logprobs = lp
         return completions
+
+
+def _shared_prefill(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor):
+    """The key/value cache of every prompt but its last token, each run of identical consecutive prompts (a
+    group's n samples) computed once and repeated; `generate` then decodes from it. None when no prompt repeats.
+
+    input_ids, attention: [B, P] left-padded. Positions are those `generate` derives from the attention mask.
+    """
+    if input_ids.shape[1] < 2:
+        return None
+    rows = torch.cat([input_ids, attention], dim=1)  # [B, 2P]
+    _, counts = torch.unique_consecutive(rows, dim=0, return_counts=True)  # [U]
+    if len(counts) == len(rows):
+        return None
+    first = counts.cumsum(0) - counts  # [U] first row of each run
+    mask = attention[first, :-1]  # [U, P-1]
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
+    with torch.no_grad():
+        prefix = input_ids[first, :-1]  # [U, P-1]
+        out = model(input_ids=prefix, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(counts)  # [U, ...] -> [B, ...]
+    return cache
 
 
 def _stop_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
