@@ -73,9 +73,20 @@ def response_logits(model: torch.nn.Module, batch: TokenBatch, share_prompts: bo
 def _consecutive_prompt_counts(batch: TokenBatch) -> torch.Tensor | None:
     """Run lengths of identical consecutive prompts ([U], summing to N), or None when no prompt repeats."""
     p_width = batch.input_ids.shape[1] - batch.response_ids.shape[1]
-    prompts = torch.cat([batch.input_ids[:, :p_width], batch.attention_mask[:, :p_width]], dim=1)  # [N, 2P]
-    _, counts = torch.unique_consecutive(prompts, dim=0, return_counts=True)
-    return counts if len(counts) < len(prompts) else None
+    return prompt_runs(batch.input_ids[:, :p_width], batch.attention_mask[:, :p_width])
+
+
+def prompt_runs(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor | None:
+    """Run lengths ([U], summing to B) of identical consecutive rows of left-padded prompts [B, P], or None when
+    no row repeats its predecessor. A group's samples are consecutive, so each run is one prompt's group."""
+    rows = torch.cat([input_ids, attention_mask], dim=1)  # [B, 2P]
+    _, counts = torch.unique_consecutive(rows, dim=0, return_counts=True)
+    return counts if len(counts) < len(rows) else None
+
+
+def run_starts(counts: torch.Tensor) -> torch.Tensor:
+    """[U] index of the first row of each run."""
+    return counts.cumsum(0) - counts
 
 
 def _shared_prompt_logits(model: torch.nn.Module, batch: TokenBatch, counts: torch.Tensor) -> torch.Tensor:
@@ -83,7 +94,7 @@ def _shared_prompt_logits(model: torch.nn.Module, batch: TokenBatch, counts: tor
     n, total = batch.input_ids.shape
     r_width = batch.response_ids.shape[1]
     p_width = total - r_width
-    first = counts.cumsum(0) - counts  # [U] first row of each run
+    first = run_starts(counts)  # [U]
     prompt_out = model(
         input_ids=batch.input_ids[first, :p_width],  # [U, P]
         attention_mask=batch.attention_mask[first, :p_width],

@@ -12,6 +12,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from adaptercl.adapters import active_adapters
+from adaptercl.batching import prompt_runs, response_logprobs, run_starts
 from adaptercl.rollout import Completion, SamplingParams
 
 
@@ -89,8 +90,6 @@ class HFEngine:
                 )
             )
         if params.logprobs:
-            from adaptercl.batching import response_logprobs
-
             for c, lp in zip(completions, response_logprobs(self.model, completions, pad_id, params.temperature)):
                 c.logprobs = lp
         return completions
@@ -104,11 +103,10 @@ def _shared_prefill(model: torch.nn.Module, input_ids: torch.Tensor, attention: 
     """
     if input_ids.shape[1] < 2:
         return None
-    rows = torch.cat([input_ids, attention], dim=1)  # [B, 2P]
-    _, counts = torch.unique_consecutive(rows, dim=0, return_counts=True)  # [U]
-    if len(counts) == len(rows):
+    counts = prompt_runs(input_ids, attention)  # [U]
+    if counts is None:
         return None
-    first = counts.cumsum(0) - counts  # [U] first row of each run
+    first = run_starts(counts)  # [U]
     mask = attention[first, :-1]  # [U, P-1]
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     with torch.no_grad():
