@@ -342,7 +342,7 @@ def main() -> None:
     args.checkpoint_dir = args.checkpoint_dir or str(Path(tempfile.gettempdir()) / default_dir)
     result = {**provenance(), **run(args)}
     name = "cuda_7b_memory" + ("-tiny" if args.tiny else "")
-    path = write_result(name, result, args.out) if args.out else write_result(name, result)
+    path = write_result(name, result, args.out)
     print(markdown(result))
     print(f"written: {path}")
 

@@ -209,7 +209,7 @@ def main() -> None:
         "runs": {what: measure(args, what) for what in args.runs},
     }
     name = "memory_cpu-" + Path(args.model).name
-    path = write_result(name, result, args.out) if args.out else write_result(name, result)
+    path = write_result(name, result, args.out)
     print(markdown(result))
     print(f"written: {path}")
 

@@ -8,14 +8,12 @@ the package versions and the adaptercl git revision; results are written to a te
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -97,18 +95,12 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def write_result(name: str, payload: dict[str, Any], out_dir: Path = RESULTS_DIR) -> Path:
-    """Write `payload` as `out_dir/name.json` atomically (temporary file in the same folder, then rename)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / f"{name}.json"
-    fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(payload, indent=2) + "\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def write_result(name: str, payload: dict[str, Any], out_dir: Path | None = None) -> Path:
+    """Write `payload` as `out_dir/name.json` (default RESULTS_DIR) atomically: temporary file, then rename."""
+    from adaptercl.atomic import write_json
+
+    target = (out_dir or RESULTS_DIR) / f"{name}.json"
+    write_json(target, payload)
     return target
 
 

@@ -370,7 +370,7 @@ def main() -> None:
     info = provenance()
     result = {**info, **run(args)}
     name = "step_time-" + Path(args.model).name
-    path = write_result(name, result, args.out) if args.out else write_result(name, result)
+    path = write_result(name, result, args.out)
     print(markdown(result))
     print(f"written: {path}")
 

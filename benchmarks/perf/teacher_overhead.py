@@ -299,7 +299,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     result = {**provenance(), **run(args)}
     name = "teacher_overhead-" + Path(args.model).name
-    path = write_result(name, result, args.out) if args.out else write_result(name, result)
+    path = write_result(name, result, args.out)
     print(markdown(result))
     print(f"written: {path}")
 
