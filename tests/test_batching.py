@@ -1,12 +1,14 @@
-"""Token batches: shared-prompt logits (each run of identical prompts computed once) equal the plain forward."""
+"""Token batches: prefix-shared logits (each run of rows' common prompt prefix computed once) equal the plain
+forward, for identical prompts, prompts that differ after a shared question, and prompts sharing only a header."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from adaptercl import batching
 from adaptercl.adapters import attach_adapter, lora_parameters
-from adaptercl.batching import _consecutive_prompt_counts, build_batch, response_logits
+from adaptercl.batching import build_batch, response_logits, shared_prefix_runs
 from adaptercl.config import LoraConfig, ModelConfig
 from adaptercl.model import load_base
 
@@ -22,26 +24,59 @@ def student_model(quantization: str):
     return model, base.tokenizer
 
 
+PROMPTS = ["<|im_start|>user\nwhat is two plus two?<|im_end|>\n", "abc", "a longer prompt than the others"]
+
+
 def grouped_batch(tok, group: int = 3):
-    prompts = ["<|im_start|>user\nwhat is two plus two?<|im_end|>\n", "abc", "a longer prompt than the others"]
     responses = [" four", "xyz!", "", " yes", "q", "12345678", " no", " maybe so", "k"]
-    ids = [tok(p)["input_ids"] for p in prompts for _ in range(group)]
+    ids = [tok(p)["input_ids"] for p in PROMPTS for _ in range(group)]
     return build_batch(ids, [tok(r)["input_ids"] for r in responses], tok.pad_token_id)
 
 
-def test_consecutive_prompt_runs_are_found_and_distinct_prompts_fall_back():
+def teacher_like_batch(tok):
+    """An SDPO-style teacher batch: each group's question, then a different solution or feedback per row; the
+    last row stands alone; every prompt starts with the same header."""
+    header = "<|im_start|>user\n"
+    tails = [" solution: four", " feedback: wrong, try again", " solution: 4", "?"]
+    questions = ["what is two plus two?", "name a colour"]
+    texts = [header + q + t for q in questions for t in tails[:3]] + [header + "a lone prompt" + tails[3]]
+    responses = [" four", "xyz!", "", " yes", "q", "12345678", " no"]
+    return build_batch(
+        [tok(t)["input_ids"] for t in texts], [tok(r)["input_ids"] for r in responses], tok.pad_token_id
+    )
+
+
+def test_shared_prefix_runs_maximise_the_tokens_computed_once():
+    a, b = [1, 2, 3, 4, 5], [1, 2, 3, 9]
+    # identical prompts: one run, every prompt keeps its last token of its own
+    assert shared_prefix_runs([a, a, a]) == ([3], [4])
+    # a group sharing [1, 2, 3] then a lone prompt sharing only [1]: two runs, not one run sharing [1]
+    assert shared_prefix_runs([a, b, a, [1, 7, 7]]) == ([3, 1], [3, 2])
+    # nothing in common: single rows, each keeping all but its last token in its prefix
+    assert shared_prefix_runs([[5, 6], [7, 8, 9]]) == ([1, 1], [1, 2])
+    # a shared header over many rows beats splitting into pairs that share more
+    rows = [[1, 2, 3, 4, 10 + i, 20 + i // 2] for i in range(6)]
+    assert shared_prefix_runs(rows) == ([6], [4])
+
+
+def test_the_plain_forward_is_kept_when_sharing_saves_nothing():
     model, tok = student_model("none")
-    batch = grouped_batch(tok)
-    assert _consecutive_prompt_counts(batch).tolist() == [3, 3, 3]
-    distinct = batch.select([0, 3, 6])
-    assert _consecutive_prompt_counts(distinct) is None
+    distinct = grouped_batch(tok).select([0, 3, 6])  # three prompts with no common prefix
+    assert batching._prefix_plan(distinct) is None
+    assert batching._prefix_plan(grouped_batch(tok)) == ([3, 3, 3], [len(tok(p)["input_ids"]) - 1 for p in PROMPTS])
+    counts, prefixes = batching._prefix_plan(teacher_like_batch(tok))
+    header_and_question = len(tok("<|im_start|>user\nwhat is two plus two?")["input_ids"])
+    assert counts[0] == 3 and prefixes[0] >= header_and_question - 1
 
 
-@pytest.mark.parametrize("quantization", ["none", "nf4"])
-def test_shared_prompt_logits_and_gradients_equal_the_plain_forward(quantization):
+@pytest.mark.parametrize(
+    ("quantization", "layout"), [("none", "grouped"), ("nf4", "grouped"), ("none", "teacher"), ("nf4", "teacher")]
+)
+def test_shared_prefix_logits_and_gradients_equal_the_plain_forward(quantization, layout):
     model, tok = student_model(quantization)
     model.train()
-    batch = grouped_batch(tok)
+    batch = grouped_batch(tok) if layout == "grouped" else teacher_like_batch(tok)
+    assert batching._prefix_plan(batch) is not None  # the shared path runs
     weights = torch.randn(
         batch.response_ids.shape + (model.config.vocab_size,), generator=torch.Generator().manual_seed(1)
     )
