@@ -41,8 +41,10 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
-from provenance import HERE, markdown_table, provenance, spread, write_result  # noqa: E402
+from perf_common import HERE, write_result  # noqa: E402
+from provenance import markdown_table, provenance, spread  # noqa: E402
 
 QWEN25_7B = {  # Qwen/Qwen2.5-7B-Instruct config.json, shape fields
     "hidden_size": 3584,

@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
-from provenance import HERE, add_workload_arguments, markdown_table, provenance, write_result  # noqa: E402
+from perf_common import HERE, add_workload_arguments, write_result  # noqa: E402
+from provenance import markdown_table, provenance  # noqa: E402
 
 WHAT = ("baseline", "grpo", "sdpo", "sdft", "hybrid")
 RECIPES = {"sdpo": "sdpo.yaml", "sdft": "sdft.yaml", "hybrid": "hybrid.yaml"}  # under recipes/

@@ -38,6 +38,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -45,8 +46,10 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
-from provenance import add_workload_arguments, markdown_table, provenance, spread, write_result  # noqa: E402
+from perf_common import add_workload_arguments, write_result  # noqa: E402
+from provenance import markdown_table, provenance, spread  # noqa: E402
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

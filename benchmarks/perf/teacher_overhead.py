@@ -33,6 +33,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 import zlib
@@ -40,9 +41,11 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
 import yaml  # noqa: E402
-from provenance import HERE, add_workload_arguments, markdown_table, provenance, spread, write_result  # noqa: E402
+from perf_common import HERE, add_workload_arguments, write_result  # noqa: E402
+from provenance import markdown_table, provenance, spread  # noqa: E402
 
 METHODS = ("grpo", "sdpo", "sdft", "hybrid")
 RECIPES = {"sdpo": "sdpo.yaml", "sdft": "sdft.yaml", "hybrid": "hybrid.yaml"}  # under recipes/

