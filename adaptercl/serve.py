@@ -27,11 +27,7 @@ import sys
 from pathlib import Path
 
 from adaptercl.config import RecipeError
-
-# Twins of adaptercl.rollout.vllm (importing that module loads transformers: ~10 s for --print-command).
-CPU_KV_CACHE_BYTES = 1 << 30
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (0.27)
-DEFAULT_MAX_MODEL_LEN = 8192  # cap on the model's own context
+from adaptercl.vllm_settings import CPU_KV_CACHE_BYTES, default_max_model_len, vllm_lora_rank
 
 
 def serve_command(export_dir: str | Path, port: int = 8000, host: str | None = None) -> list[str]:
@@ -48,14 +44,15 @@ def serve_command(export_dir: str | Path, port: int = 8000, host: str | None = N
         if not (export_dir / entry["path"] / "adapter_config.json").is_file():
             raise RecipeError(f"serve: adapter folder {entry['path']!r} of {manifest_file} is missing")
     base_path = manifest["base_model_path"]
-    rank = max(entry["rank"] for entry in adapters)
+    widest = max(adapters, key=lambda entry: entry["rank"])
+    max_lora_rank = vllm_lora_rank(widest["rank"], f"serve: adapter {widest['name']!r} of {manifest_file}")
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", base_path]
     command += ["--served-model-name", manifest["base_model"], "--port", str(port)]
     if host is not None:
         command += ["--host", host]
-    command += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank", str(_vllm_lora_rank(rank))]
+    command += ["--enable-lora", "--max-loras", str(len(adapters)), "--max-lora-rank", str(max_lora_rank)]
     command += ["--lora-modules"] + [f"{e['name']}={(export_dir / e['path']).resolve()}" for e in adapters]
-    max_len = _default_max_model_len(base_path)
+    max_len = default_max_model_len(base_path)
     if max_len is not None:
         command += ["--max-model-len", str(max_len)]
     if not _has_cuda():
@@ -78,23 +75,6 @@ def serve(export_dir: str | Path, port: int = 8000, host: str | None = None) -> 
     print(shlex.join(command), file=sys.stderr, flush=True)
     sys.stdout.flush()
     os.execv(command[0], command)
-
-
-def _vllm_lora_rank(rank: int) -> int:
-    """The smallest `max_lora_rank` vLLM accepts that holds `rank`."""
-    for allowed in VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise RecipeError(f"serve: adapter rank {rank} is above vLLM's largest max_lora_rank ({VLLM_LORA_RANKS[-1]})")
-
-
-def _default_max_model_len(path: str) -> int | None:
-    """The model's own context, capped at DEFAULT_MAX_MODEL_LEN (None: let vLLM read it)."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return None
-    limit = json.loads(config.read_text()).get("max_position_embeddings")
-    return min(limit, DEFAULT_MAX_MODEL_LEN) if isinstance(limit, int) else None
 
 
 def _has_cuda() -> bool:

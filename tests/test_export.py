@@ -24,6 +24,7 @@ from adaptercl.config import RecipeError, resolve_recipe
 from adaptercl.export import export_run
 from adaptercl.model import load_base
 from adaptercl.recipe import run_recipe
+from adaptercl.serve import serve_command
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +106,21 @@ def test_print_command_names_every_adapter(exported, capsys):
     modules = command[command.index("--lora-modules") + 1 :][:3]
     assert modules == [f"{n}={(out / n).resolve()}" for n in ("arith", "mcq", "combined")]
     assert command[command.index("--max-lora-rank") + 1] == "8" and "8123" in command
+
+
+def test_serve_names_the_adapter_whose_rank_vllm_cannot_hold(tmp_path):
+    (tmp_path / "wide").mkdir()
+    (tmp_path / "wide" / "adapter_config.json").write_text("{}")
+    manifest = {
+        "base_model": "b",
+        "base_model_path": str(tmp_path),
+        "adapters": [{"name": "wide", "path": "wide", "rank": 600}],
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        RecipeError, match=r"^serve: adapter 'wide' of .*manifest.json: rank 600 is above vLLM's largest"
+    ):
+        serve_command(tmp_path)
 
 
 def _free_port() -> int:

@@ -29,8 +29,8 @@ from adaptercl.rollout.vllm import (
     combined_lora_factors,
     lora_factors,
     required_lora_rank,
-    vllm_lora_rank,
 )
+from adaptercl.vllm_settings import vllm_lora_rank
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -106,9 +106,11 @@ def test_lora_rank_covers_every_combination_the_run_serves(tmp_path):
     assert required_lora_rank(recipe) == 8  # stage two: stage one (4) + stage two (4)
     sdpo = raw_recipe(tmp_path, stages=[{"name": "one", "domain": "arith", "method": "sdpo"}])
     assert required_lora_rank(resolve_recipe(sdpo)) == 8  # the EMA teacher's default rank 2r
-    assert [vllm_lora_rank(r) for r in (1, 5, 16, 17, 300)] == [1, 8, 16, 32, 320]
-    with pytest.raises(RecipeError, match="above vLLM's largest"):
-        vllm_lora_rank(600)
+    assert [vllm_lora_rank(r, "rollout.max_lora_rank") for r in (1, 5, 16, 17, 300)] == [1, 8, 16, 32, 320]
+    with pytest.raises(
+        RecipeError, match=r"^rollout.max_lora_rank: rank 600 is above vLLM's largest LoRA rank \(512\); lower lora.r"
+    ):
+        vllm_lora_rank(600, "rollout.max_lora_rank")
 
 
 def test_engine_settings_must_agree_across_stages(tmp_path):

