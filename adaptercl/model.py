@@ -175,13 +175,18 @@ def convert_gguf(gguf_file: Path, target: Path) -> Path:
     return target
 
 
+def has_gguf_quantization_config(config: dict) -> bool:
+    """Whether a config.json (as a dict) carries the `quant_method: gguf` quantization_config of a conversion."""
+    return (config.get("quantization_config") or {}).get("quant_method") == "gguf"
+
+
 def drop_gguf_quantization_config(folder: Path) -> None:
     """Remove the GGUF `quantization_config` a dequantised conversion inherits from the GGUF-loaded config: the
     weights are plain floats, and with the key transformers marks the model as quantised (Trainer then refuses to
     train it, vLLM to serve it)."""
     path = Path(folder) / "config.json"
     config = json.loads(path.read_text())
-    if (config.get("quantization_config") or {}).get("quant_method") != "gguf":
+    if not has_gguf_quantization_config(config):
         return
     del config["quantization_config"]
     write_text(path, json.dumps(config, indent=2, sort_keys=True) + "\n")

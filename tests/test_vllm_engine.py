@@ -12,8 +12,10 @@ own, one at a time.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -29,6 +31,7 @@ from adaptercl.rollout.vllm import (
     combined_lora_factors,
     lora_factors,
     required_lora_rank,
+    servable_base_path,
 )
 from adaptercl.vllm_settings import vllm_lora_rank
 
@@ -111,6 +114,21 @@ def test_lora_rank_covers_every_combination_the_run_serves(tmp_path):
         RecipeError, match=r"^rollout.max_lora_rank: rank 600 is above vLLM's largest LoRA rank \(512\); lower lora.r"
     ):
         vllm_lora_rank(600, "rollout.max_lora_rank")
+
+
+def test_a_dequantised_gguf_base_is_served_from_a_view_without_its_quantization_config(tmp_path):
+    base = tmp_path / "base"
+    base.mkdir()
+    config = {"model_type": "llama", "quantization_config": {"quant_method": "gguf"}}
+    (base / "config.json").write_text(json.dumps(config))
+    (base / "model.safetensors").write_text("weights")
+    view = Path(servable_base_path(str(base), tmp_path / "view"))
+    assert view == tmp_path / "view" and json.loads((view / "config.json").read_text()) == {"model_type": "llama"}
+    assert (view / "model.safetensors").resolve() == (base / "model.safetensors").resolve()
+    assert json.loads((base / "config.json").read_text()) == config  # the base itself is left as it is
+    config["quantization_config"] = {"quant_method": "bitsandbytes"}
+    (base / "config.json").write_text(json.dumps(config))
+    assert servable_base_path(str(base), tmp_path / "unused") == str(base) and not (tmp_path / "unused").exists()
 
 
 def test_engine_settings_must_agree_across_stages(tmp_path):
@@ -313,8 +331,6 @@ def test_a_rollout_side_base_is_served_and_the_mismatch_stated(tmp_path, caplog)
 @pytest.mark.parametrize("method", ["grpo", "sdpo"])
 def test_stage_runs_end_to_end_with_the_vllm_engine(tmp_path, method):
     """Two stages (the second `init: new`, so rollouts serve a combined adapter), rollouts from vLLM."""
-    import json
-
     from adaptercl.recipe import run_recipe
 
     raw = raw_recipe(tmp_path / method)

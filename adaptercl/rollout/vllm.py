@@ -62,6 +62,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from adaptercl.config import RecipeConfig, RecipeError
+from adaptercl.model import drop_gguf_quantization_config, has_gguf_quantization_config
 from adaptercl.rollout import Completion, SamplingParams
 from adaptercl.rollout.hf import _stop_token_ids  # the same stop tokens as the hf engine
 from adaptercl.rollout.lora_factors import LoraFactors, combined_lora_factors, lora_factors, write_lora_folder
@@ -400,17 +401,14 @@ def servable_base_path(path: str, scratch: Path) -> str:
     """`path`, or a view of it without the `quantization_config` a dequantised GGUF conversion keeps in its
     config.json (`quant_method: gguf` over plain float weights), which vLLM would try to load as GGUF."""
     config_file = Path(path) / "config.json"
-    if not config_file.is_file():
-        return path
-    config = json.loads(config_file.read_text())
-    if (config.get("quantization_config") or {}).get("quant_method") != "gguf":
+    if not config_file.is_file() or not has_gguf_quantization_config(json.loads(config_file.read_text())):
         return path
     scratch.mkdir(parents=True)
     for item in Path(path).iterdir():
         if item.name != "config.json":
             (scratch / item.name).symlink_to(item.resolve())
-    del config["quantization_config"]
-    (scratch / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    shutil.copyfile(config_file, scratch / "config.json")
+    drop_gguf_quantization_config(scratch)
     return str(scratch)
 
 
