@@ -2,7 +2,8 @@
 
 Parameter drift: for each module with LoRA, ΔW = Σ over the model's adapters of scale·B·A, and the metrics of
 `metrics.parameter_drift` against the base weight W0. On an NF4 base W0 is dequantised; `BaseWeights` caches the
-dequantised matrices (up to `max_cache_bytes`, on CPU) so drift every N steps does not dequantise again.
+dequantised matrices (up to `max_cache_bytes`, on CPU) so drift every N steps does not dequantise again, and the
+SVD of each W0 (its singular values and top-k vectors), so each drift report needs one SVD per module, of W0 + ΔW.
 
 Response drift: greedy responses of the current policy to fixed probe prompts of every domain; mean per-token KL
 and JS to the base (adapters disabled) on those same responses, policy entropy, response length, repeated-4-gram
@@ -22,12 +23,19 @@ from adaptercl.rollout import RolloutEngine, SamplingParams
 
 
 class BaseWeights:
-    """Base weights W0 of LoRA-targeted modules, dequantised once (float32, CPU) and cached."""
+    """Base weights W0 of LoRA-targeted modules, dequantised once (float32, CPU) and cached, and their spectra."""
 
     def __init__(self, max_cache_bytes: int = 2 * 1024**3):
         self.max_cache_bytes = max_cache_bytes
         self.cache: dict[str, torch.Tensor] = {}
         self.cached_bytes = 0
+        self.spectra: dict[tuple[str, int], metrics.Spectrum] = {}  # (module, k) -> float32 spectrum of W0
+
+    def spectrum(self, name: str, layer: torch.nn.Module, k: int) -> metrics.Spectrum:
+        """`metrics.spectrum` of W0 in float32 on CPU (the dtype `parameter_drift_report` uses), computed once."""
+        if (name, k) not in self.spectra:
+            self.spectra[(name, k)] = metrics.spectrum(self.get(name, layer), k)
+        return self.spectra[(name, k)]
 
     def get(self, name: str, layer: torch.nn.Module) -> torch.Tensor:
         if name in self.cache:
@@ -76,7 +84,9 @@ def parameter_drift_report(
 ) -> dict[str, dict]:
     """Per-module drift of base + adapters against the base, and its aggregate (mean and max)."""
     per_module = {
-        name: metrics.parameter_drift(base.get(name, layer), delta, k=k, dtype=torch.float32)
+        name: metrics.parameter_drift(
+            base.get(name, layer), delta, k=k, dtype=torch.float32, base=base.spectrum(name, layer, k)
+        )
         for name, (layer, delta) in module_deltas(model, adapters).items()
     }
     return {"aggregate": metrics.aggregate_drift(per_module), "per_module": per_module}

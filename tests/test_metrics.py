@@ -17,6 +17,7 @@ from adaptercl.metrics import (
     relative_delta_norm,
     repeated_ngram_rate,
     spectral_shift,
+    spectrum,
     token_js,
     token_kl,
 )
@@ -177,6 +178,20 @@ def test_drift_matches_numpy_and_scipy(scale: float) -> None:
     assert principal_angle(w0, delta, k=3) == pytest.approx(expected["principal_angle"], rel=1e-6, abs=1e-9)
     assert principal_angle(w0, delta, k=3, side="left") == pytest.approx(expected["principal_angle_left"], abs=1e-9)
     assert principal_angle(w0, delta, k=3, side="right") == pytest.approx(expected["principal_angle_right"], abs=1e-9)
+
+
+@pytest.mark.parametrize("shape", [(12, 7), (7, 12)])  # tall, and wide (decomposed as its transpose)
+def test_spectrum_is_the_svd_and_a_kept_base_spectrum_gives_the_same_drift(shape) -> None:
+    w0, delta = random_matrices(5, *shape, scale=0.3)
+    spec = spectrum(w0, 3)
+    U, s, Vh = torch.linalg.svd(w0, full_matrices=False)
+    torch.testing.assert_close(spec.s, s, rtol=1e-12, atol=1e-12)
+    assert spec.U.shape == (shape[0], 3) and spec.Vh.shape == (3, shape[1])
+    torch.testing.assert_close(spec.U @ torch.diag(spec.s[:3]) @ spec.Vh, U[:, :3] @ torch.diag(s[:3]) @ Vh[:3])
+    expected = numpy_reference(w0, delta, k=3)
+    assert parameter_drift(w0, delta, k=3, base=spec) == pytest.approx(expected, rel=1e-6, abs=1e-9)
+    # a stale or wrong base spectrum shows up in the result: it is really used
+    assert parameter_drift(w0, delta, k=3, base=spectrum(2 * w0, 3))["spectral_shift"] > 0.5
 
 
 def test_drift_float32_path_and_low_precision_inputs() -> None:
