@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptercl import batching
 from adaptercl.adapters import attach_adapter, lora_parameters
-from adaptercl.batching import build_batch, response_logits, shared_prefix_runs
+from adaptercl.batching import build_batch, response_logits
 from adaptercl.config import LoraConfig, ModelConfig
 from adaptercl.model import load_base
+from adaptercl.prefix_sharing import prefix_layout, shared_prefix_runs
 
 
 def student_model(quantization: str):
@@ -59,14 +59,32 @@ def test_shared_prefix_runs_maximise_the_tokens_computed_once():
     assert shared_prefix_runs(rows) == ([6], [4])
 
 
-def test_the_plain_forward_is_kept_when_sharing_saves_nothing():
+def layout_of(batch):
+    r_width = batch.response_ids.shape[1]
+    p_width = batch.input_ids.shape[1] - r_width
+    prompts = [
+        row[m.bool()].tolist() for row, m in zip(batch.input_ids[:, :p_width], batch.attention_mask[:, :p_width])
+    ]
+    return prefix_layout(prompts, r_width - 1, pad_id=0)
+
+
+def test_the_plain_layout_is_kept_when_sharing_saves_nothing():
     model, tok = student_model("none")
-    distinct = grouped_batch(tok).select([0, 3, 6])  # three prompts with no common prefix
-    assert batching._prefix_plan(distinct) is None
-    assert batching._prefix_plan(grouped_batch(tok)) == ([3, 3, 3], [len(tok(p)["input_ids"]) - 1 for p in PROMPTS])
-    counts, prefixes = batching._prefix_plan(teacher_like_batch(tok))
+    assert layout_of(grouped_batch(tok).select([0, 3, 6])) is None  # three prompts with no common prefix
+    grouped = layout_of(grouped_batch(tok))
+    assert grouped.counts.tolist() == [3, 3, 3]
+    assert grouped.prefix_mask.sum(-1).tolist() == [len(tok(p)["input_ids"]) - 1 for p in PROMPTS]
+    assert grouped.own_mask.sum(-1).tolist() == [1] * 9
+    teacher = layout_of(teacher_like_batch(tok))
     header_and_question = len(tok("<|im_start|>user\nwhat is two plus two?")["input_ids"])
-    assert counts[0] == 3 and prefixes[0] >= header_and_question - 1
+    assert teacher.counts[0] == 3 and teacher.prefix_mask[0].sum() >= header_and_question - 1
+    # every row's whole prompt is its prefix followed by its own tokens
+    batch = teacher_like_batch(tok)
+    ids, mask = teacher.prompt_ids(), teacher.prompt_mask()
+    for i in range(batch.input_ids.shape[0]):
+        p_width = batch.input_ids.shape[1] - batch.response_ids.shape[1]
+        expected = batch.input_ids[i, :p_width][batch.attention_mask[i, :p_width].bool()]
+        assert ids[i][mask[i].bool()].tolist() == expected.tolist()
 
 
 @pytest.mark.parametrize(
@@ -76,7 +94,7 @@ def test_shared_prefix_logits_and_gradients_equal_the_plain_forward(quantization
     model, tok = student_model(quantization)
     model.train()
     batch = grouped_batch(tok) if layout == "grouped" else teacher_like_batch(tok)
-    assert batching._prefix_plan(batch) is not None  # the shared path runs
+    assert layout_of(batch) is not None  # the shared path runs
     weights = torch.randn(
         batch.response_ids.shape + (model.config.vocab_size,), generator=torch.Generator().manual_seed(1)
     )
@@ -99,29 +117,23 @@ def test_shared_prefix_logits_and_gradients_equal_the_plain_forward(quantization
         torch.testing.assert_close(shared_grads[k], plain_grads[k], rtol=1e-3, atol=1e-4)
 
 
-@pytest.mark.parametrize("greedy", [True, False])
-def test_rollouts_with_a_shared_prefill_equal_rollouts_without(greedy, monkeypatch):
+@pytest.mark.parametrize(("greedy", "n"), [(True, 3), (False, 3), (False, 1)])
+def test_rollouts_with_shared_prefixes_equal_rollouts_without(greedy, n, monkeypatch):
     from adaptercl.rollout import SamplingParams, hf
 
     model, tok = student_model("none")
-    prompts = [tok(p)["input_ids"] for p in ["what is two plus two?", "abc", "a longer prompt than the others"]]
-    params = SamplingParams(max_new_tokens=8, n=3, greedy=greedy, seed=5)
-    calls = []
-    shared_prefill = hf._shared_prefill
-    monkeypatch.setattr(hf, "_shared_prefill", lambda *a: calls.append(1) or shared_prefill(*a))
+    header = "<|im_start|>user\n"  # n = 1: distinct prompts that share only this header
+    texts = [header + "what is two plus two?", header + "abc", header + "a longer prompt than the others"]
+    prompts = [tok(t)["input_ids"] for t in texts]
+    params = SamplingParams(max_new_tokens=8, n=n, greedy=greedy, seed=5)
+    layouts = []
+    layout = hf.prefix_layout
+    monkeypatch.setattr(hf, "prefix_layout", lambda *a: layouts.append(layout(*a)) or layouts[-1])
     shared = hf.HFEngine(model, tok).generate(prompts, ["student"], params)
-    assert (
-        calls and shared_prefill(model, *_padded(prompts, params.n, tok.pad_token_id)) is not None
-    )  # the shared path ran
-    monkeypatch.setattr(hf, "_shared_prefill", lambda *a: None)
+    assert layouts and layouts[0] is not None  # the shared path ran
+    assert layouts[0].counts.tolist() == ([n] * 3 if n > 1 else [3])
+    monkeypatch.setattr(hf, "prefix_layout", lambda *a: None)
     plain = hf.HFEngine(model, tok).generate(prompts, ["student"], params)
     assert [[c.token_ids for c in g] for g in shared] == [[c.token_ids for c in g] for g in plain]
-    if not greedy:  # different samples within a group, not one repeated
+    if not greedy and n > 1:  # different samples within a group, not one repeated
         assert len({tuple(c.token_ids) for g in shared for c in g}) > len(prompts)
-
-
-def _padded(prompts, n, pad_id):
-    rows = [p for p in prompts for _ in range(n)]
-    width = max(map(len, rows))
-    ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in rows])
-    return ids, (ids != pad_id).long() if pad_id is not None else torch.ones_like(ids)

@@ -1,9 +1,10 @@
 """The plain-transformers rollout engine: batched, seeded `generate` on the training model itself.
 
 It runs on the same PeftModel the trainer updates, so rollouts are exactly on-policy and adapter "sync" is free.
-Prompts are left-padded per batch. Per-token logprobs (under logits / temperature, the trainer's definition) are
-computed on request by one no-grad teacher-forced forward, because transformers' `output_logits` would keep a
-[batch, vocab] tensor per generated token.
+Prompts that begin alike (a group's samples, a few-shot example, the chat header) are prefilled with each shared
+prefix computed once (`prefix_sharing`); otherwise they are left-padded per batch. Per-token logprobs (under
+logits / temperature, the trainer's definition) are computed on request by one no-grad teacher-forced forward,
+because transformers' `output_logits` would keep a [batch, vocab] tensor per generated token.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from adaptercl.adapters import active_adapters
-from adaptercl.batching import prompt_runs, response_logprobs, run_starts
+from adaptercl.batching import response_logprobs
+from adaptercl.prefix_sharing import prefill, prefix_layout
 from adaptercl.rollout import Completion, SamplingParams
 
 
@@ -54,22 +56,17 @@ class HFEngine:
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
         device = next(self.model.parameters()).device
         pad_id = self.tokenizer.pad_token_id
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, P] left-padded
-        attention = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            input_ids[i, width - len(p) :] = torch.tensor(p)
-            attention[i, width - len(p) :] = 1
+        input_ids, attention, cache = _prompt_inputs(self.model, prompts, pad_id, device)  # [B, W], [B, W]
+        width = input_ids.shape[1]
         sampling = (
             {"do_sample": False}
             if params.greedy
             else {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
         )
-        input_ids, attention = input_ids.to(device), attention.to(device)
         sequences = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
-            past_key_values=_shared_prefill(self.model, input_ids, attention),
+            past_key_values=cache,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.stop_ids,
             pad_token_id=pad_id,
@@ -95,26 +92,28 @@ class HFEngine:
         return completions
 
 
-def _shared_prefill(model: torch.nn.Module, input_ids: torch.Tensor, attention: torch.Tensor):
-    """The key/value cache of every prompt but its last token, each run of identical consecutive prompts (a
-    group's n samples) computed once and repeated; `generate` then decodes from it. None when no prompt repeats.
+def _prompt_inputs(
+    model: torch.nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, object | None]:
+    """`generate`'s input ids, attention mask and starting cache for a batch of prompts.
 
-    input_ids, attention: [B, P] left-padded. Positions are those `generate` derives from the attention mask.
+    When rows share prompt prefixes (a group's n samples, a few-shot example, the chat header) and that computes
+    fewer tokens, the prompts are laid out by `prefix_sharing` (each row's own tokens after a masked gap) and every
+    prompt token but the last is prefilled, each prefix once; `generate` then decodes from that cache, and the
+    mask's holes give every row its own positions. Otherwise: left-padded prompts, no cache.
     """
-    if input_ids.shape[1] < 2:
-        return None
-    counts = prompt_runs(input_ids, attention)  # [U]
-    if counts is None:
-        return None
-    first = run_starts(counts)  # [U]
-    mask = attention[first, :-1]  # [U, P-1]
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-    with torch.no_grad():
-        prefix = input_ids[first, :-1]  # [U, P-1]
-        out = model(input_ids=prefix, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(counts)  # [U, ...] -> [B, ...]
-    return cache
+    layout = prefix_layout(prompts, -1, pad_id, device)
+    if layout is not None:
+        with torch.no_grad():
+            out = prefill(model, layout, layout.own_ids[:, :-1], layout.own_mask[:, :-1], logits_to_keep=1)
+        return layout.prompt_ids(), layout.prompt_mask(), out.past_key_values  # [B, C+S], [B, C+S], cache
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, P] left-padded
+    attention = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        input_ids[i, width - len(p) :] = torch.tensor(p)
+        attention[i, width - len(p) :] = 1
+    return input_ids.to(device), attention.to(device), None
 
 
 def _stop_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
