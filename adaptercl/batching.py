@@ -48,8 +48,10 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: in
     return TokenBatch(input_ids, attention, position_ids, input_ids[:, p_width:].clone(), response_mask)
 
 
-def response_logits(model: torch.nn.Module, batch: TokenBatch, share_prompts: bool = True) -> torch.Tensor:
-    """Logits predicting each response token: [N, R, V] (float32).
+def response_logits(
+    model: torch.nn.Module, batch: TokenBatch, share_prompts: bool = True, temperature: float = 1.0
+) -> torch.Tensor:
+    """Logits predicting each response token, divided by `temperature`: [N, R, V] (float32).
 
     Rows of a batch often begin alike: a GRPO group holds one prompt G times, an SDPO teacher batch holds a
     group's question G times with a different solution or feedback after it, and every chat prompt starts with
@@ -59,11 +61,15 @@ def response_logits(model: torch.nn.Module, batch: TokenBatch, share_prompts: bo
     and its response. That path is taken when it computes fewer (padded) tokens than the plain forward; both give
     the same logits up to float rounding.
     """
+    logits = _prefix_shared_logits(model, batch) if share_prompts else None
+    if logits is None:
+        logits = _plain_response_logits(model, batch)
+    # At temperature 1 (the default) this skips a pass over [N, R, V] forward and another in backward.
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def _plain_response_logits(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
     r_width = batch.response_ids.shape[1]
-    if share_prompts:
-        shared = _prefix_shared_logits(model, batch)
-        if shared is not None:
-            return shared
     out = model(
         input_ids=batch.input_ids,
         attention_mask=batch.attention_mask,
@@ -99,7 +105,7 @@ def response_logprobs(
     """Per-token logprobs of each completion's tokens under logits / temperature (teacher-forced, no grad)."""
     batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], pad_id)
     batch = batch.to(next(model.parameters()).device)
-    logits = response_logits(model, batch) / temperature  # [N, R, V]
+    logits = response_logits(model, batch, temperature=temperature)  # [N, R, V]
     logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # [N, R]
     return [logp[i, : len(c.token_ids)].tolist() for i, c in enumerate(completions)]
 

@@ -104,6 +104,12 @@ class RolloutConfig(_Block):
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature; logits are divided by it in losses.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     batch_size: int = Field(64, ge=1, description="Sequences per generate call (hf engine).")
+    fold_lora: bool = Field(
+        True,
+        description="hf engine: while decoding, fold the active LoRA into a temporary copy of each float32 base "
+        "weight (exact to fp32 rounding; one extra copy of the adapted weights meanwhile). Quantised and "
+        "half-precision bases are never folded.",
+    )
     gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="vLLM: GPU memory fraction it may use.")
     vllm_base: str | None = Field(
         None,
@@ -332,6 +338,7 @@ class RecipeConfig(_Block):
 # Rollout fields that configure the run's one engine, so they must agree across stages.
 ENGINE_FIELDS = (
     "engine",
+    "fold_lora",
     "gpu_memory_utilization",
     "vllm_base",
     "max_loras",

@@ -102,5 +102,5 @@ def rollout_entropy(model: torch.nn.Module, batch: TokenBatch, grad_accum: int, 
     parts = []
     for start in range(0, n, micro):
         mb = batch.select(slice(start, min(n, start + micro))).to(device)
-        parts.append(token_entropy(response_logits(model, mb) / temperature).cpu())  # [n_mb, R]
+        parts.append(token_entropy(response_logits(model, mb, temperature=temperature)).cpu())  # [n_mb, R]
     return torch.cat(parts)

@@ -143,7 +143,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Any = None) -> RunResult:
     def engine_for(model):  # the hf engine runs on the live training model; the vllm engine is one per run
         nonlocal vllm_engine
         if rollout.engine == "hf":
-            return HFEngine(model, tok, batch_size=rollout.batch_size)
+            return HFEngine(model, tok, batch_size=rollout.batch_size, fold_lora=rollout.fold_lora)
         if vllm_engine is None:
             vllm_engine = VLLMEngine.from_recipe(recipe, base, model)
             notify("engine", description=vllm_engine.description)

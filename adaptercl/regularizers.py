@@ -118,7 +118,7 @@ class StageRegularizers:
         was_training = model.training
         model.eval()
         with torch.no_grad(), active_adapters(model, self.previous):
-            prev_logits = response_logits(model, batch) / temperature  # [n_mb, R, V]
+            prev_logits = response_logits(model, batch, temperature=temperature)  # [n_mb, R, V]
         model.train(was_training)
         mask = batch.response_mask  # [n_mb, R]
         kl = (kl_to_previous(logits, prev_logits) * mask).sum() / mask.sum().clamp(min=1.0)

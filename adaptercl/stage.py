@@ -256,7 +256,7 @@ def _train_on_batch(
             rows = slice(start, min(n, start + micro))
             mb = batch.select(rows)
             mask = mb.response_mask  # [n_mb, R]
-            logits = response_logits(model, mb) / temperature  # [n_mb, R, V]
+            logits = response_logits(model, mb, temperature=temperature)  # [n_mb, R, V]
             logp = losses.gather_logprobs(logits, mb.response_ids)  # [n_mb, R]
             old = logp.detach() if logp_old is None else logp_old[rows]
             loss = logits.new_zeros(())
@@ -288,7 +288,7 @@ def _train_on_batch(
                 has_target = (targets.mask[rows].sum(-1) > 0).nonzero().squeeze(-1)  # [n_t]
                 d_mask = targets.mask[rows][has_target]  # [n_t, R]
                 teacher_mb = targets.teacher_batch.select(rows).select(has_target)
-                t_logits = ctx.teacher.logits(model, teacher_mb) / temperature  # [n_t, R, V]
+                t_logits = ctx.teacher.logits(model, teacher_mb, temperature)  # [n_t, R, V]
                 s_logits, s_logp = logits[has_target], logp[has_target]  # [n_t, R, V], [n_t, R]
                 response_ids = mb.response_ids[has_target]  # [n_t, R]
                 per_token = losses.distillation_divergence(
@@ -363,7 +363,7 @@ def _rollout_logprobs(completions: list[Completion], batch: TokenBatch) -> torch
 
 
 def _logprobs(model: torch.nn.Module, batch: TokenBatch, temperature: float) -> torch.Tensor:
-    return losses.gather_logprobs(response_logits(model, batch) / temperature, batch.response_ids)  # [N, R]
+    return losses.gather_logprobs(response_logits(model, batch, temperature=temperature), batch.response_ids)  # [N, R]
 
 
 def _add(sums: dict[str, float], key: str, value: float) -> None:

@@ -230,18 +230,19 @@ class Teacher:
     ema_dropped: float = 0.0  # last EMA update: largest relative Frobenius norm dropped by truncation
 
     @torch.no_grad()
-    def logits(self, model: torch.nn.Module, batch: TokenBatch) -> Tensor:
-        """Teacher logits for the response tokens of `batch` (a TokenBatch on the teacher prompts). [N, R, V]"""
+    def logits(self, model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0) -> Tensor:
+        """Teacher logits / temperature for the response tokens of `batch` (a TokenBatch on the teacher prompts).
+        [N, R, V]"""
         with _eval_mode(model):
             if self.kind == "base":
                 with _active(model, None):
-                    return response_logits(model, batch)
+                    return response_logits(model, batch, temperature=temperature)
             with _active(model, [*self.frozen, self.adapter]):
-                teacher = response_logits(model, batch)
+                teacher = response_logits(model, batch, temperature=temperature)
             if self.kind != "trust_region":
                 return teacher
             with _active(model, [*self.frozen, self.student]):
-                student = response_logits(model, batch)
+                student = response_logits(model, batch, temperature=temperature)
             return trust_region_teacher_logits(teacher, student, self.trust_region_coef)
 
     @torch.no_grad()

@@ -137,3 +137,13 @@ def test_rollouts_with_shared_prefixes_equal_rollouts_without(greedy, n, monkeyp
     assert [[c.token_ids for c in g] for g in shared] == [[c.token_ids for c in g] for g in plain]
     if not greedy and n > 1:  # different samples within a group, not one repeated
         assert len({tuple(c.token_ids) for g in shared for c in g}) > len(prompts)
+
+
+def test_response_logits_are_divided_by_the_temperature():
+    model, tok = student_model("none")
+    batch = grouped_batch(tok)
+    with torch.no_grad():
+        plain = response_logits(model, batch)
+        hot = response_logits(model, batch, temperature=0.5)
+    assert plain.abs().max() > 0
+    torch.testing.assert_close(hot, plain * 2.0, rtol=1e-6, atol=1e-6)

@@ -4,10 +4,13 @@ It runs on the same PeftModel the trainer updates, so rollouts are exactly on-po
 Prompts that begin alike (a group's samples, a few-shot example, the chat header) are prefilled with each shared
 prefix computed once (`prefix_sharing`); otherwise they are left-padded per batch. Per-token logprobs (under
 logits / temperature, the trainer's definition) are computed on request by one no-grad teacher-forced forward,
-because transformers' `output_logits` would keep a [batch, vocab] tensor per generated token.
+because transformers' `output_logits` would keep a [batch, vocab] tensor per generated token. While decoding, the
+active LoRA adapters are folded into float32 base weights (`folded_lora`); logprobs are computed unfolded.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -16,13 +19,21 @@ from adaptercl.adapters import active_adapters
 from adaptercl.batching import response_logprobs
 from adaptercl.prefix_sharing import prefill, prefix_layout
 from adaptercl.rollout import Completion, SamplingParams
+from adaptercl.rollout.folded_lora import folded_lora
 
 
 class HFEngine:
-    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, batch_size: int = 64):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        batch_size: int = 64,
+        fold_lora: bool = True,
+    ):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
+        self.fold_lora = fold_lora
         self.stop_ids = _stop_token_ids(model, tokenizer)
 
     def sync_adapters(self, names: list[str]) -> None:
@@ -46,8 +57,15 @@ class HFEngine:
         torch.manual_seed(params.seed)
         try:
             with active_adapters(self.model, adapters):
-                for start in range(0, len(expanded), self.batch_size):
-                    out.extend(self._generate_batch(expanded[start : start + self.batch_size], params))
+                with folded_lora(self.model) if self.fold_lora else contextlib.nullcontext():
+                    for start in range(0, len(expanded), self.batch_size):
+                        out.extend(self._generate_batch(expanded[start : start + self.batch_size], params))
+                if params.logprobs:
+                    pad_id = self.tokenizer.pad_token_id
+                    for start in range(0, len(out), self.batch_size):
+                        batch = out[start : start + self.batch_size]
+                        for c, lp in zip(batch, response_logprobs(self.model, batch, pad_id, params.temperature)):
+                            c.logprobs = lp
         finally:
             torch.random.set_rng_state(generator_state)
             self.model.train(was_training)
@@ -86,9 +104,6 @@ class HFEngine:
                     finish_reason="length" if stop_at is None else "stop",
                 )
             )
-        if params.logprobs:
-            for c, lp in zip(completions, response_logprobs(self.model, completions, pad_id, params.temperature)):
-                c.logprobs = lp
         return completions
 
 
