@@ -82,3 +82,38 @@ def test_rollouts_with_folded_lora_equal_rollouts_without(greedy):
     assert [[c.token_ids for c in g] for g in folded] == [[c.token_ids for c in g] for g in plain]
     assert [[c.logprobs for c in g] for g in folded] == [[c.logprobs for c in g] for g in plain]  # both unfolded
     assert all(len(c.token_ids) > 0 for g in folded for c in g)
+
+
+def raw_recipe(out, stage_two_rollout=None):
+    return {
+        "model": {"name": "tiny-random"},
+        "output_dir": str(out),
+        "quantization": "none",
+        "rollout": {"fold_lora": False, "group_size": 2, "max_new_tokens": 4},
+        "optim": {"steps": 1, "prompts_per_step": 1},
+        "domains": [{"name": "arith", "source": "builtin:arithmetic"}, {"name": "mcq", "source": "builtin:mcq"}],
+        "stages": [
+            {"name": "one", "domain": "arith"},
+            {"name": "two", "domain": "mcq", **({"rollout": stage_two_rollout} if stage_two_rollout else {})},
+        ],
+    }
+
+
+def test_recipe_fold_lora_reaches_the_engine_and_must_agree_across_stages(tmp_path, monkeypatch):
+    import adaptercl.rollout.hf as hf_module
+    from adaptercl.config import RecipeError, resolve_recipe
+    from adaptercl.recipe import run_recipe
+
+    with pytest.raises(RecipeError, match=r"stages\.two\.rollout\.fold_lora"):
+        resolve_recipe(raw_recipe(tmp_path, {"fold_lora": True}))
+
+    class EngineBuilt(Exception):
+        pass
+
+    def recording_engine(model, tokenizer, **kwargs):
+        raise EngineBuilt(kwargs)
+
+    monkeypatch.setattr(hf_module, "HFEngine", recording_engine)
+    with pytest.raises(EngineBuilt) as built:
+        run_recipe(resolve_recipe(raw_recipe(tmp_path / "run")))
+    assert built.value.args[0]["fold_lora"] is False

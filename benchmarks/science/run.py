@@ -289,7 +289,9 @@ def fmt(value, std=None) -> str:
         text = f"{value:+.3f}" if abs(value) >= 0.01 or value == 0 else f"{value:+.2e}"
     else:
         text = str(value)
-    return text + (f" ± {std:.3f}" if std else "")
+    if not std:
+        return text
+    return text + (f" ± {std:.3f}" if "e" not in text else f" ± {std:.1e}")  # the std in the value's notation
 
 
 def write_results(per_seed: dict[str, dict[int, dict]]) -> None:
