@@ -71,8 +71,8 @@ def method_recipe(method: str, seed: int, runs: Path) -> dict:
     return recipe
 
 
-def run_one(method: str, seed: int, runs: Path) -> float:
-    """Run one method/seed as a subprocess; returns its wall time (finished runs return at once).
+def run_one(method: str, seed: int, runs: Path) -> None:
+    """Run one method/seed as a subprocess (a finished run returns at once: adaptercl resumes it).
 
     Writes `<method>-s<seed>.run.json` beside the run: the git revision it ran at (taken before it starts, so
     later edits to the tree do not show), its exit code and wall time; the collector reports them per run.
@@ -91,7 +91,6 @@ def run_one(method: str, seed: int, runs: Path) -> float:
     wall = time.perf_counter() - t0
     write_json(runs / f"{method}-s{seed}.run.json", {"git": rev, "exit": rc, "wall_s": round(wall, 1)})
     print(f"{method} seed {seed}: exit {rc}, {wall / 60:.1f} min", flush=True)
-    return wall
 
 
 # ------------------------------------------------------------------------------------------------ collecting
