@@ -55,6 +55,14 @@ METHODS: dict[str, dict] = {
         "hybrid": {"distill_weight": 0.1, "distill_on": "failed_groups"},
         "regularizers": {"l2_prev": 0.01},
     },
+    # The hybrid with the shipped recipes' regularisers (recipes/hybrid-cpu.yaml): plus 1 of the 4 prompts per
+    # step replayed from earlier domains from stage 2 on. Same steps and prompts per step as every other method.
+    "hybrid_replay": {
+        "method": "hybrid",
+        "distill": {"support": "sampled", "alpha": 1.0, "teacher": {"kind": "stage_start"}},
+        "hybrid": {"distill_weight": 0.1, "distill_on": "failed_groups"},
+        "regularizers": {"l2_prev": 0.01, "replay_fraction": 0.25},
+    },
 }
 
 
