@@ -130,7 +130,9 @@ class MonitorConfig(ConfigBlock):
     )
     divergence_floor: float = Field(1e-3, ge=0.0, description="Divergence under which the teacher adds nothing.")
     reward_fall: float = Field(0.1, ge=0.0, description="A reward fall (window mean vs previous window) this big.")
-    target_starvation: Action = Field("warn", description="Fraction of samples with a teacher target hits 0.")
+    target_starvation: Action = Field(
+        "warn", description="No sample had a teacher target and no update was made, for `window` steps."
+    )
     repetition: Action = Field("rollback", description="Repeated-4-gram rate of responses above repetition_max.")
     repetition_max: float = Field(0.5, gt=0.0, le=1.0, description="Repetition rate that counts as a spike.")
     reward_collapse: Action = Field(

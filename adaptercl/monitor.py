@@ -56,9 +56,13 @@ def rule_divergence_collapse(history: list[dict], cfg: MonitorConfig) -> str | N
 
 
 def rule_target_starvation(history: list[dict], cfg: MonitorConfig) -> str | None:
+    """Only steps that made no update count (`skipped_step`: SDPO/SDFT, whose sole loss is the distillation). A
+    hybrid step without teacher targets still has GRPO's gradient: distilling only failed groups, it has no
+    target exactly when every group succeeded, which is no collapse."""
     frac = _recent(history, "teacher_target_frac", cfg.window)
-    if len(frac) == cfg.window and max(frac) == 0.0:
-        return f"no sample had a teacher target for {cfg.window} steps (no distillation gradient)"
+    skipped = _recent(history, "skipped_step", cfg.window)
+    if len(frac) == cfg.window and max(frac) == 0.0 and len(skipped) == cfg.window and min(skipped) == 1.0:
+        return f"no sample had a teacher target for {cfg.window} steps (no distillation gradient, no update)"
     return None
 
 

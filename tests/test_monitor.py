@@ -36,9 +36,11 @@ def test_divergence_collapse_needs_both_small_divergence_and_falling_reward():
 
 def test_target_starvation_repetition_and_entropy():
     cfg = MonitorConfig(window=2)
-    starving = CollapseGuard(cfg).check(history(2, teacher_target_frac=[0.0, 0.0]))
+    starving = CollapseGuard(cfg).check(history(2, teacher_target_frac=[0.0, 0.0], skipped_step=[1.0, 1.0]))
     assert [a.rule for a in starving] == ["target_starvation"] and starving[0].action == "warn"
-    assert CollapseGuard(cfg).check(history(2, teacher_target_frac=[0.25, 0.0])) == []
+    assert CollapseGuard(cfg).check(history(2, teacher_target_frac=[0.25, 0.0], skipped_step=[0.0, 1.0])) == []
+    # hybrid on failed groups: no target because every group succeeded; GRPO still updated (science seed 2)
+    assert CollapseGuard(cfg).check(history(2, teacher_target_frac=[0.0, 0.0], skipped_step=[0.0, 0.0])) == []
     rep = CollapseGuard(cfg).check(history(1, repetition_rate=[0.9]))
     assert [a.rule for a in rep] == ["repetition"] and CollapseGuard(cfg).decide(rep) == "rollback"
     ent = CollapseGuard(cfg).check(history(1, entropy=[0.001]))

@@ -302,6 +302,18 @@ def fmt(value, std=None) -> str:
     return text + (f" ± {std:.3f}" if "e" not in text else f" ± {std:.1e}")  # the std in the value's notation
 
 
+def with_earlier_runs(per_seed: dict[str, dict[int, dict]], results_path: Path) -> dict[str, dict[int, dict]]:
+    """`per_seed` plus every run recorded in an earlier results.json that was not collected now (a collected run
+    replaces its earlier record). The run directories are not committed, so collecting some methods or seeds
+    must not drop the others' figures from the results."""
+    earlier = json.loads(results_path.read_text())["per_seed"] if results_path.is_file() else {}
+    merged = {method: {int(seed): run for seed, run in runs.items()} for method, runs in earlier.items()}
+    for method, runs in per_seed.items():
+        merged.setdefault(method, {}).update(runs)
+    order = [m for m in METHODS if m in merged] + [m for m in merged if m not in METHODS]
+    return {m: dict(sorted(merged[m].items())) for m in order}
+
+
 def write_results(per_seed: dict[str, dict[int, dict]]) -> None:
     agg = aggregate(per_seed)
     checks = paper_checks(agg)
@@ -414,7 +426,7 @@ def main() -> None:
             continue
         per_seed.setdefault(m, {})[s] = result
     if per_seed:
-        write_results(per_seed)
+        write_results(with_earlier_runs(per_seed, HERE / "results.json"))
         print((HERE / "results.md").read_text())
 
 
