@@ -54,6 +54,13 @@ class TeacherConfig(ConfigBlock):
     ema_rank: int | None = Field(None, ge=1, description="Rank of the EMA teacher adapter; default 2 x lora.r.")
     lag_steps: int = Field(10, ge=1, description="`lag` teacher: hard copy of the student every N steps.")
     trust_region_coef: float = Field(0.5, ge=0.0, le=1.0, description="`trust_region`: z = (1-c) z_ref + c z_s.")
+    autocast: Literal["none", "bfloat16"] = Field(
+        "none",
+        description="Run the teacher's no-grad forward under torch.autocast to this dtype. `bfloat16` makes a "
+        "float32 base's teacher forward about 3x cheaper on CPUs with bf16 matrix units (AMX, AVX512-BF16) at a "
+        "per-token KL of ~1e-3 to the float32 logits; on a bf16 base (CUDA, NF4 with bf16 compute) it changes "
+        "nothing. The student's forward, the divergence and the gradients stay in the model's precision.",
+    )
 
 
 class DistillConfig(ConfigBlock):

@@ -50,7 +50,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
@@ -228,21 +228,22 @@ class Teacher:
     steps: int = 0  # optimiser steps the teacher has followed in this stage
     ema_error: dict[str, float] = field(default_factory=dict)  # per module: bound on ‖ΔW_T − EMA(ΔW_S)‖_F
     ema_dropped: float = 0.0  # last EMA update: largest relative Frobenius norm dropped by truncation
+    autocast: Literal["none", "bfloat16"] = "none"  # the teacher forward's torch.autocast dtype
 
     @torch.no_grad()
     def logits(self, model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0) -> Tensor:
         """Teacher logits / temperature for the response tokens of `batch` (a TokenBatch on the teacher prompts).
-        [N, R, V]"""
-        with _eval_mode(model):
+        [N, R, V] float32 (also under `autocast`, whose logits come out in bfloat16)"""
+        with _eval_mode(model), _autocast(model, self.autocast):
             if self.kind == "base":
                 with _active(model, None):
-                    return response_logits(model, batch, temperature=temperature)
+                    return response_logits(model, batch, temperature=temperature).float()
             with _active(model, [*self.frozen, self.adapter]):
-                teacher = response_logits(model, batch, temperature=temperature)
+                teacher = response_logits(model, batch, temperature=temperature).float()
             if self.kind != "trust_region":
                 return teacher
             with _active(model, [*self.frozen, self.student]):
-                student = response_logits(model, batch, temperature=temperature)
+                student = response_logits(model, batch, temperature=temperature).float()
             return trust_region_teacher_logits(teacher, student, self.trust_region_coef)
 
     @torch.no_grad()
@@ -301,6 +302,7 @@ def create_teacher(model: torch.nn.Module, student: str, frozen: list[str], cfg:
         tau=cfg.tau,
         lag_steps=cfg.lag_steps,
         trust_region_coef=cfg.trust_region_coef,
+        autocast=cfg.autocast,
     )
     if teacher.adapter is None:
         return teacher
@@ -377,6 +379,16 @@ def _keep_trainable(model: torch.nn.Module) -> Iterator[None]:
 @contextmanager
 def _active(model: torch.nn.Module, names: list[str] | None) -> Iterator[None]:
     with active_adapters(model, names):
+        yield
+
+
+@contextmanager
+def _autocast(model: torch.nn.Module, dtype: Literal["none", "bfloat16"]) -> Iterator[None]:
+    """torch.autocast on the model's device type, or nothing for "none"."""
+    if dtype == "none":
+        yield
+        return
+    with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16):
         yield
 
 

@@ -62,6 +62,10 @@ def test_sdft_defaults_follow_the_reference():
         (lambda r: r.update(eval={"retention_probes": ["boolq"]}), "eval.retention_probes: unknown domain 'boolq'"),
         (lambda r: r.update(quantization="int8"), "quantization: Input should be 'nf4', 'none' or 'auto'"),
         (
+            lambda r: r["stages"][1].update(distill={"teacher": {"autocast": "fp8"}}),
+            "stages.b.distill.teacher.autocast: Input should be 'none' or 'bfloat16'",
+        ),
+        (
             lambda r: r["stages"][1].update(distill={"support": "sampled"}),
             "stages.b: distill.support 'sampled' is reverse KL only: set distill.alpha to 1.0",
         ),

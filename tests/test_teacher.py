@@ -13,6 +13,7 @@ from adaptercl.config import DistillConfig, LoraConfig, ModelConfig, TeacherConf
 from adaptercl.merging import lora_delta, refactorize
 from adaptercl.model import load_base
 from adaptercl.teacher import (
+    Teacher,
     create_teacher,
     ema_lora_factors,
     restore_teacher,
@@ -341,3 +342,23 @@ def test_save_restore_round_trip_is_bit_identical_and_never_duplicates(tmp_path,
     torch.testing.assert_close(restored.logits(fresh, batch), teacher.logits(model, batch), atol=0, rtol=0)
     restore_teacher(fresh, tmp_path / "teacher")
     assert len(adapter_names(fresh)) == (2 if teacher.adapter else 1)
+
+
+@pytest.mark.parametrize("kind", ["stage_start", "trust_region"])
+def test_bfloat16_autocast_teacher_is_close_to_float32_and_leaves_the_student_in_float32(kind):
+    model, tok, frozen = tiny_model(frozen=True)
+    batch = token_batch(tok)
+    teacher = create_teacher(model, "student", frozen, teacher_cfg(kind, autocast="bfloat16"))
+    assert teacher.autocast == "bfloat16" and Teacher(**teacher.state()) == teacher  # checkpoints keep it
+    perturb_student(model, 9)
+    reduced = teacher.logits(model, batch)  # [N, R, V]
+    teacher.autocast = "none"
+    exact = teacher.logits(model, batch)
+    assert reduced.dtype == exact.dtype == torch.float32
+    assert not torch.equal(reduced, exact)  # the matmuls really ran in bfloat16
+    mask = batch.response_mask.bool()  # [N, R]
+    p, q = exact.log_softmax(-1)[mask], reduced.log_softmax(-1)[mask]  # [T, V]
+    kl = (p.exp() * (p - q)).sum(-1)  # [T] per-token KL of the bf16 teacher to the fp32 one
+    assert kl.max() < 1e-3, kl
+    student = response_logits(model, batch)  # after the teacher forward: no autocast left behind
+    assert student.dtype == torch.float32 and student.requires_grad

@@ -13,7 +13,9 @@ method, on the same model (one student adapter per method, each with its own sel
 
 Methods run in a rotated order each repeat; `--warmup` repeats are left out. Each method's distillation settings
 are the shipped recipes' `distill:` and `hybrid:` blocks (recipes/sdpo.yaml, sdft.yaml, hybrid.yaml); regularisers
-are off everywhere. SDFT's config needs one sample per prompt, so its stage is configured with group size 1 and
+are off everywhere. Each distillation method is also timed as `<method>+bf16`: the same settings with
+`distill.teacher.autocast: bfloat16` (the teacher's no-grad forward under bf16 autocast; the student stays fp32),
+in the same rotation, so both teacher precisions meet the same machine load. SDFT's config needs one sample per prompt, so its stage is configured with group size 1 and
 the same N = P x G sequences count as N prompts (the batch tensors are identical).
 
 `--full-steps K` also runs K + 1 real `run_stage` steps per method (rollout included, first one left out) from
@@ -47,21 +49,34 @@ import yaml  # noqa: E402
 from perf_common import HERE, add_workload_arguments, write_result  # noqa: E402
 from provenance import markdown_table, provenance, spread  # noqa: E402
 
-METHODS = ("grpo", "sdpo", "sdft", "hybrid")
+# variant -> (stage method, distill.teacher.autocast)
+VARIANTS: dict[str, tuple[str, str]] = {
+    "grpo": ("grpo", "none"),
+    "sdpo": ("sdpo", "none"),
+    "sdft": ("sdft", "none"),
+    "hybrid": ("hybrid", "none"),
+    "sdpo+bf16": ("sdpo", "bfloat16"),
+    "sdft+bf16": ("sdft", "bfloat16"),
+    "hybrid+bf16": ("hybrid", "bfloat16"),
+}
 RECIPES = {"sdpo": "sdpo.yaml", "sdft": "sdft.yaml", "hybrid": "hybrid.yaml"}  # under recipes/
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 ALARMS = ("nonfinite", "divergence_collapse", "target_starvation", "repetition", "entropy_collapse")
 MONITOR_OFF = {alarm: "off" for alarm in ALARMS}  # no rollbacks or stops while timing
 
 
-def method_recipe(args: argparse.Namespace, method: str, out_dir: Path, prompts: int, group: int, steps: int) -> Any:
-    """A one-stage recipe of `method` with the shipped recipe's distill/hybrid blocks (validated by adaptercl)."""
+def method_recipe(args: argparse.Namespace, variant: str, out_dir: Path, prompts: int, group: int, steps: int) -> Any:
+    """A one-stage recipe of `variant`'s method with the shipped recipe's distill/hybrid blocks and the variant's
+    teacher autocast (validated by adaptercl)."""
     from adaptercl.config import resolve_recipe
 
+    method, autocast = VARIANTS[variant]
     blocks: dict[str, Any] = {}
     if method in RECIPES:
         shipped = yaml.safe_load((HERE.parent.parent / "recipes" / RECIPES[method]).read_text())
         blocks = {k: shipped[k] for k in ("distill", "hybrid") if k in shipped}
+        distill = blocks.setdefault("distill", {})
+        distill["teacher"] = {**distill.get("teacher", {}), "autocast": autocast}
     return resolve_recipe(
         {
             "model": {"name": args.model},
@@ -80,13 +95,13 @@ def method_recipe(args: argparse.Namespace, method: str, out_dir: Path, prompts:
     )
 
 
-def sequences_layout(args: argparse.Namespace, method: str) -> tuple[int, int]:
+def sequences_layout(args: argparse.Namespace, variant: str) -> tuple[int, int]:
     """(prompts, group size) of a step: SDFT samples once per prompt, so it gets P x G prompts of one sample."""
     P, G = args.prompts_per_step, args.group_size
-    return (P * G, 1) if method == "sdft" else (P, G)
+    return (P * G, 1) if VARIANTS[variant][0] == "sdft" else (P, G)
 
 
-def method_context(args: argparse.Namespace, method: str, model, tokenizer, domain, stage_dir: Path, steps: int):
+def method_context(args: argparse.Namespace, variant: str, model, tokenizer, domain, stage_dir: Path, steps: int):
     """Student adapter `stage_dir.name` with its teacher, optimiser and regularisers, set up as run_recipe does."""
     from adaptercl.adapters import attach_adapter, use_adapters
     from adaptercl.regularizers import StageRegularizers
@@ -95,13 +110,13 @@ def method_context(args: argparse.Namespace, method: str, model, tokenizer, doma
     from adaptercl.teacher import DISTILL_METHODS, create_teacher
 
     stage_dir.mkdir(parents=True)
-    prompts, group = sequences_layout(args, method)
-    recipe = method_recipe(args, method, stage_dir, prompts, group, steps)
-    student = stage_dir.name
+    prompts, group = sequences_layout(args, variant)
+    recipe = method_recipe(args, variant, stage_dir, prompts, group, steps)
+    student = stage_dir.name.replace("+", "-")  # a PEFT adapter name
     model = attach_adapter(model, student, recipe.stages[0].lora)
     use_adapters(model, [student], trainable=student)
     teacher = None
-    if method in DISTILL_METHODS:
+    if VARIANTS[variant][0] in DISTILL_METHODS:
         teacher = create_teacher(model, student, [], recipe.stages[0].distill.teacher)
     engine = HFEngine(model, tokenizer, batch_size=prompts * group)
     ctx = StageContext(recipe, 0, model, tokenizer, engine, domain, student, [], stage_dir, teacher=teacher)
@@ -144,16 +159,17 @@ def time_training(args: argparse.Namespace, model, tokenizer, domain, work: Path
     from adaptercl.adapters import use_adapters
     from adaptercl.stage import _train_on_batch, distill_targets
 
+    variants = args.variants
     setups = {}
-    for m in METHODS:
+    for m in variants:
         setups[m] = method_context(args, m, model, tokenizer, domain, work / f"batch-{m}", 10**6)
         model = setups[m][0].model  # the PeftModel holding every adapter
     samples, completions, results, batch, advantages = fixed_batch(args, setups["grpo"][0], domain)
     parts = ("targets", "train", "teacher_update", "total")
-    times: dict[str, dict[str, list[float]]] = {m: {k: [] for k in parts} for m in METHODS}
+    times: dict[str, dict[str, list[float]]] = {m: {k: [] for k in parts} for m in variants}
     stats: dict[str, dict[str, float]] = {}
     for rep in range(args.warmup + args.repeats):
-        order = METHODS[rep % len(METHODS) :] + METHODS[: rep % len(METHODS)]
+        order = variants[rep % len(variants) :] + variants[: rep % len(variants)]
         for m in order:
             ctx, optimizer, scheduler, regs = setups[m]
             use_adapters(model, [ctx.student], trainable=ctx.student)
@@ -180,7 +196,7 @@ def time_training(args: argparse.Namespace, model, tokenizer, domain, work: Path
             "successes": sum(r.correct for r in results),
         }
     }
-    for m in METHODS:
+    for m in variants:
         out[m] = {
             **{f"{k}_s": spread(v) for k, v in times[m].items()},
             "ratio_to_grpo_of_medians": statistics.median(times[m]["total"]) / statistics.median(grpo),
@@ -204,7 +220,7 @@ def time_full_steps(args: argparse.Namespace, model, tokenizer, domain, work: Pa
 
     pseudo = Domain(domain.name, domain.train, domain.eval, pseudo_reward, [])
     out: dict[str, Any] = {}
-    for m in METHODS:
+    for m in args.variants:
         steps = args.full_steps + 1
         ctx, optimizer, scheduler, _ = method_context(args, m, model, tokenizer, pseudo, work / f"full-{m}", steps)
         model = ctx.model
@@ -218,7 +234,7 @@ def time_full_steps(args: argparse.Namespace, model, tokenizer, domain, work: Pa
             "distill_token_frac": statistics.fmean(r.get("distill_token_frac", 0.0) for r in rows),
             "response_len_mean": statistics.fmean(r["response_len_mean"] for r in rows),
         }
-    for m in METHODS:
+    for m in args.variants:
         out[m]["ratio_to_grpo_of_medians"] = out[m]["step_s"]["median"] / out["grpo"]["step_s"]["median"]
     return out
 
@@ -240,13 +256,14 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     torch.manual_seed(args.seed)
     domain = load_domain(probe.domains[0], args.seed, 1)
     settings = {}
-    for m in METHODS[1:]:
-        stage = method_recipe(args, m, work, 1, 1 if m == "sdft" else 2, 1).stages[0]
+    for m in args.variants[1:]:
+        stage = method_recipe(args, m, work, 1, 1 if VARIANTS[m][0] == "sdft" else 2, 1).stages[0]
         settings[m] = stage.model_dump(include={"distill", "hybrid"}, mode="json")
     keys = ("prompts_per_step", "group_size", "max_new_tokens", "rank", "grad_accum", "failed_group_frac")
     result: dict[str, Any] = {
         "model": args.model,
         "workload": {k: getattr(args, k) for k in keys} | {"warmup": args.warmup, "repeats": args.repeats},
+        "variants": {m: {"method": VARIANTS[m][0], "teacher_autocast": VARIANTS[m][1]} for m in args.variants},
         "method_settings": settings,
     }
     result["same_batch"], model = time_training(args, base.model, base.tokenizer, domain, work)
@@ -258,7 +275,7 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     w, same = result["workload"], result["same_batch"]
     rows = []
-    for m in METHODS:
+    for m in result["variants"]:
         r = same[m]
         full = result.get("full_step", {}).get(m)
         rows.append(
@@ -294,8 +311,12 @@ def main() -> None:
     parser.add_argument("--full-steps", type=int, default=0, help="also time this many full run_stage steps")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), help="what to time (grpo always)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/perf/results)")
     args = parser.parse_args()
+    args.variants = ["grpo"] + [v for v in dict.fromkeys(args.variants) if v != "grpo"]  # the baseline first
     if args.threads:
         import torch
 
