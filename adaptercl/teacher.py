@@ -44,13 +44,14 @@ the adapter `create_teacher` made at stage start.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from peft import LoraConfig as PeftLoraConfig
@@ -62,7 +63,7 @@ from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state
 from adaptercl.atomic import atomic_dir
 from adaptercl.batching import TokenBatch, response_logits
 from adaptercl.losses import trust_region_teacher_logits
-from adaptercl.method_config import DistillConfig, TeacherConfig, TeacherKind
+from adaptercl.method_config import DistillConfig, TeacherAutocast, TeacherConfig, TeacherKind
 
 DISTILL_METHODS = ("sdpo", "sdft", "hybrid")  # stage methods that need a teacher
 THINK_BLOCK = re.compile(r"<think>.*?</think>", flags=re.DOTALL)
@@ -228,7 +229,7 @@ class Teacher:
     steps: int = 0  # optimiser steps the teacher has followed in this stage
     ema_error: dict[str, float] = field(default_factory=dict)  # per module: bound on ‖ΔW_T − EMA(ΔW_S)‖_F
     ema_dropped: float = 0.0  # last EMA update: largest relative Frobenius norm dropped by truncation
-    autocast: Literal["none", "bfloat16"] = "none"  # the teacher forward's torch.autocast dtype
+    autocast: TeacherAutocast = "none"  # the teacher forward's torch.autocast (see `teacher_autocast_dtype`)
 
     @torch.no_grad()
     def logits(self, model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0) -> Tensor:
@@ -382,13 +383,37 @@ def _active(model: torch.nn.Module, names: list[str] | None) -> Iterator[None]:
         yield
 
 
+def teacher_autocast_dtype(model: torch.nn.Module, setting: TeacherAutocast) -> torch.dtype | None:
+    """The dtype of the teacher forward's autocast, or None for none. `auto` is bfloat16 only where it pays and
+    changes something: a float32 model on a CPU with bf16 matrix instructions (`cpu_has_bf16_matmul`)."""
+    if setting == "bfloat16":
+        return torch.bfloat16
+    if setting == "auto":
+        param = next(model.parameters())
+        if param.device.type == "cpu" and param.dtype == torch.float32 and cpu_has_bf16_matmul():
+            return torch.bfloat16
+    return None
+
+
+@functools.cache
+def cpu_has_bf16_matmul() -> bool:
+    """Whether the CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16; Linux /proc/cpuinfo flags).
+    Elsewhere, and on CPUs without them, bf16 autocast would be emulated and no faster: False."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return re.search(r"\b(amx_bf16|avx512_bf16)\b", cpuinfo) is not None
+
+
 @contextmanager
-def _autocast(model: torch.nn.Module, dtype: Literal["none", "bfloat16"]) -> Iterator[None]:
-    """torch.autocast on the model's device type, or nothing for "none"."""
-    if dtype == "none":
+def _autocast(model: torch.nn.Module, setting: TeacherAutocast) -> Iterator[None]:
+    """torch.autocast on the model's device type (see `teacher_autocast_dtype`), or nothing."""
+    dtype = teacher_autocast_dtype(model, setting)
+    if dtype is None:
         yield
         return
-    with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16):
+    with torch.autocast(next(model.parameters()).device.type, dtype=dtype):
         yield
 
 

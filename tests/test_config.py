@@ -63,7 +63,7 @@ def test_sdft_defaults_follow_the_reference():
         (lambda r: r.update(quantization="int8"), "quantization: Input should be 'nf4', 'none' or 'auto'"),
         (
             lambda r: r["stages"][1].update(distill={"teacher": {"autocast": "fp8"}}),
-            "stages.b.distill.teacher.autocast: Input should be 'none' or 'bfloat16'",
+            "stages.b.distill.teacher.autocast: Input should be 'none', 'bfloat16' or 'auto'",
         ),
         (
             lambda r: r["stages"][1].update(distill={"support": "sampled"}),

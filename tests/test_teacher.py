@@ -7,6 +7,7 @@ import torch
 from peft.tuners.lora import LoraLayer
 
 from adaptercl import losses
+from adaptercl import teacher as teacher_module
 from adaptercl.adapters import active_adapters, adapter_names, attach_adapter, lora_parameters, use_adapters
 from adaptercl.batching import build_batch, response_logits
 from adaptercl.config import DistillConfig, LoraConfig, ModelConfig, TeacherConfig
@@ -20,6 +21,7 @@ from adaptercl.teacher import (
     sdft_teacher_prompts,
     sdpo_teacher_prompts,
     strip_think,
+    teacher_autocast_dtype,
 )
 
 # ------------------------------------------------------------------------------------------ teacher prompts
@@ -362,3 +364,15 @@ def test_bfloat16_autocast_teacher_is_close_to_float32_and_leaves_the_student_in
     assert kl.max() < 1e-3, kl
     student = response_logits(model, batch)  # after the teacher forward: no autocast left behind
     assert student.dtype == torch.float32 and student.requires_grad
+
+
+def test_auto_autocast_is_bfloat16_only_for_a_float32_model_on_a_cpu_with_bf16_instructions(monkeypatch):
+    model, _, _ = tiny_model()
+    monkeypatch.setattr(teacher_module, "cpu_has_bf16_matmul", lambda: True)
+    assert teacher_autocast_dtype(model, "auto") == torch.bfloat16
+    assert teacher_autocast_dtype(model, "none") is None
+    monkeypatch.setattr(teacher_module, "cpu_has_bf16_matmul", lambda: False)
+    assert teacher_autocast_dtype(model, "auto") is None  # emulated bf16 would be no faster
+    assert teacher_autocast_dtype(model, "bfloat16") == torch.bfloat16  # asked for explicitly
+    monkeypatch.setattr(teacher_module, "cpu_has_bf16_matmul", lambda: True)
+    assert teacher_autocast_dtype(model.to(torch.bfloat16), "auto") is None  # a bf16 model: nothing to gain

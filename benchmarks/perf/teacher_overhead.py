@@ -15,8 +15,9 @@ Methods run in a rotated order each repeat; `--warmup` repeats are left out. Eac
 are the shipped recipes' `distill:` and `hybrid:` blocks (recipes/sdpo.yaml, sdft.yaml, hybrid.yaml); regularisers
 are off everywhere. Each distillation method is also timed as `<method>+bf16`: the same settings with
 `distill.teacher.autocast: bfloat16` (the teacher's no-grad forward under bf16 autocast; the student stays fp32),
-in the same rotation, so both teacher precisions meet the same machine load. SDFT's config needs one sample per prompt, so its stage is configured with group size 1 and
-the same N = P x G sequences count as N prompts (the batch tensors are identical).
+in the same rotation, so both teacher precisions meet the same machine load. SDFT's config needs one sample per
+prompt, so its stage is configured with group size 1 and the same N = P x G sequences count as N prompts (the
+batch tensors are identical).
 
 `--full-steps K` also runs K + 1 real `run_stage` steps per method (rollout included, first one left out) from
 the same starting adapter, with a deterministic pseudo-reward (success iff crc32(text) % G == 0, so some groups
