@@ -13,7 +13,7 @@ from adaptercl.domains import Example, RewardResult
 from adaptercl.hybrid import hybrid_teacher_prompts, rollout_entropy, top_entropy_mask
 from adaptercl.rollout import Completion
 from adaptercl.stage_context import StageContext, step_seed
-from adaptercl.teacher import sdft_teacher_prompts, sdpo_teacher_prompts
+from adaptercl.teacher_prompts import sdft_teacher_prompts, sdpo_teacher_prompts
 
 
 @dataclass

@@ -27,7 +27,7 @@ from torch import Tensor
 from adaptercl.batching import TokenBatch, response_logits
 from adaptercl.losses import token_entropy
 from adaptercl.method_config import DistillConfig
-from adaptercl.teacher import TeacherPrompts, last_user_index, strip_think, with_last_user_turn
+from adaptercl.teacher_prompts import TeacherPrompts, last_user_index, strip_think, with_last_user_turn
 
 
 def hybrid_teacher_prompts(

@@ -1,40 +1,31 @@
-"""Self-teachers for SDPO, SDFT and hybrid stages: teacher prompts, and teacher kinds on the one base.
+"""Self-teachers for SDPO, SDFT and hybrid stages: the teacher kinds on the one base model.
 
-Two halves:
+The teacher's prompts (SDPO reprompts, SDFT demonstrations) are built in `teacher_prompts.py`.
 
-1. Teacher contexts (pure functions on messages and strings; DESIGN.md §4):
-   - `sdpo_teacher_prompts`: each sample's prompt is re-asked with the first *successful sibling* of its group
-     (reward >= `distill.success_threshold`, the sample itself excluded, `<think>...</think>` stripped) and, only
-     when no sibling succeeded, with the reward function's feedback string. As lasgroup/SDPO and TRL's
-     `SuccessfulRolloutTeacherContextBuilder` (same regex, same templates, `dont_reprompt_on_self_success=True`,
-     `environment_feedback_only_without_solution=True`).
-   - `sdft_teacher_prompts`: the SDFT demonstration prompt from the example's `demonstration` field.
-   The teacher message keeps every message before the last user turn (system messages, earlier turns, as TRL
-   does) and replaces that turn with the reprompt. A sample with no context keeps its own prompt and gets
-   `has_target = False`: the stage gives it distillation mask 0 and logs the fraction.
+Teacher kinds (`create_teacher`), all on the one base model as a named LoRA adapter or the disabled adapter;
+never a second base, only adapter-sized tensors (DESIGN.md §3):
+- `base`: every adapter disabled: the pretrained model as loaded (what `grpo.kl_coef` also calls the base).
+  Under `adapter.init: new` with frozen earlier adapters this is *not* the stage's initial policy (base +
+  frozen adapters): that one is `stage_start`, whose copy of a fresh adapter is zero. For stage 1 with a fresh
+  adapter the two are the same.
+- `stage_start`: a frozen copy of the student at stage start, used over the same frozen adapters.
+- `ema`: ΔW_T <- (1-τ)·ΔW_T + τ·ΔW_S per module after each step, on the effective delta ΔW = scale·B·A (never
+  on A and B separately). Storage: a teacher adapter of rank `distill.teacher.ema_rank` (scaling 1) holding
+  the best rank-r_T factors of that sum. The sum of a rank-r_T and a rank-r delta has rank <= r_T + r, so it
+  is re-factorised exactly in factored form (QR of the stacked factors, SVD of a (r_T+r)² core: no [out, in]
+  matrix is formed) and truncated back to r_T. Exact while the true EMA has rank <= r_T (its rank grows by at
+  most r a step); otherwise each step drops the smallest singular values, and `Teacher.ema_error` carries a
+  per-module bound ‖ΔW_T − EMA(ΔW_S)‖_F <= Σ_j (1-τ)^{k-j}·e_j (e_j = Frobenius norm dropped at step j).
+- `lag`: a hard copy of the student every `lag_steps` optimiser steps (initially the stage-start copy).
+- `trust_region`: z_T = (1-c)·z_ref + c·z_student, both on the teacher prompt, z_ref = the stage-start policy
+  (a frozen copy, as `stage_start`). lasgroup/SDPO mixes with its reference model, the initial policy of the
+  run; in a continual run the stage start is the policy the stage must stay close to.
 
-2. Teacher kinds (`create_teacher`), all on the one base model as a named LoRA adapter or the disabled adapter;
-   never a second base, only adapter-sized tensors (DESIGN.md §3):
-   - `base`: every adapter disabled: the pretrained model as loaded (what `grpo.kl_coef` also calls the base).
-     Under `adapter.init: new` with frozen earlier adapters this is *not* the stage's initial policy (base +
-     frozen adapters): that one is `stage_start`, whose copy of a fresh adapter is zero. For stage 1 with a fresh
-     adapter the two are the same.
-   - `stage_start`: a frozen copy of the student at stage start, used over the same frozen adapters.
-   - `ema`: ΔW_T <- (1-τ)·ΔW_T + τ·ΔW_S per module after each step, on the effective delta ΔW = scale·B·A (never
-     on A and B separately). Storage: a teacher adapter of rank `distill.teacher.ema_rank` (scaling 1) holding
-     the best rank-r_T factors of that sum. The sum of a rank-r_T and a rank-r delta has rank <= r_T + r, so it
-     is re-factorised exactly in factored form (QR of the stacked factors, SVD of a (r_T+r)² core: no [out, in]
-     matrix is formed) and truncated back to r_T. Exact while the true EMA has rank <= r_T (its rank grows by at
-     most r a step); otherwise each step drops the smallest singular values, and `Teacher.ema_error` carries a
-     per-module bound ‖ΔW_T − EMA(ΔW_S)‖_F <= Σ_j (1-τ)^{k-j}·e_j (e_j = Frobenius norm dropped at step j).
-   - `lag`: a hard copy of the student every `lag_steps` optimiser steps (initially the stage-start copy).
-   - `trust_region`: z_T = (1-c)·z_ref + c·z_student, both on the teacher prompt, z_ref = the stage-start policy
-     (a frozen copy, as `stage_start`). lasgroup/SDPO mixes with its reference model, the initial policy of the
-     run; in a continual run the stage start is the policy the stage must stay close to.
 
 The teacher adapter is named `<student>-teacher`, is never trainable, and is active only inside `Teacher.logits`
 (through `adapters.active_adapters`, which restores the active set and the trainable flags). Teacher forwards
-run in eval mode under no_grad. `Teacher.save` writes `teacher.json` (kind and bookkeeping) plus the adapter in
+run in eval mode under no_grad, and under bf16 autocast when `distill.teacher.autocast` asks for it
+(`teacher_autocast_dtype`). `Teacher.save` writes `teacher.json` (kind and bookkeeping) plus the adapter in
 PEFT format; `restore_teacher` loads it back bit for bit into the existing adapter when there is one (loading
 twice never creates a second teacher adapter). A mid-stage checkpoint needs the same two things: `Teacher.state()`
 (JSON; `Teacher(**state)` rebuilds the object) and the tensors of adapter `Teacher.adapter`, loaded in place into
@@ -63,114 +54,11 @@ from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state
 from adaptercl.atomic import atomic_dir
 from adaptercl.batching import TokenBatch, response_logits
 from adaptercl.losses import trust_region_teacher_logits
-from adaptercl.method_config import DistillConfig, TeacherAutocast, TeacherConfig, TeacherKind
+from adaptercl.method_config import TeacherAutocast, TeacherConfig, TeacherKind
 
 DISTILL_METHODS = ("sdpo", "sdft", "hybrid")  # stage methods that need a teacher
-THINK_BLOCK = re.compile(r"<think>.*?</think>", flags=re.DOTALL)
 STATE_FILE = "teacher.json"
 ADAPTER_DIR = "adapter"
-
-
-# ------------------------------------------------------------------------------------------- teacher contexts
-
-
-@dataclass
-class TeacherPrompts:
-    """Teacher prompts of one batch, one per sample (group-contiguous, as the rollouts)."""
-
-    messages: list[list[dict[str, str]]]  # [N] the teacher's chat; a sample without a target keeps its own prompt
-    has_target: list[bool]  # [N] whether the sample has a teacher context (else distillation mask 0)
-    used_solution: list[bool]  # [N] a successful sibling was shown
-    used_feedback: list[bool]  # [N] the reward function's feedback was shown
-    succeeded: list[bool]  # [N] the sample's own reward >= success threshold
-
-    def stats(self) -> dict[str, float]:
-        n = max(1, len(self.has_target))
-        return {
-            "teacher_target_frac": sum(self.has_target) / n,
-            "success_frac": sum(self.succeeded) / n,
-            "solution_used_frac": sum(self.used_solution) / n,
-            "feedback_used_frac": sum(self.used_feedback) / n,
-        }
-
-
-def strip_think(text: str) -> str:
-    """Remove `<think>...</think>` blocks and surrounding whitespace (lasgroup/SDPO, TRL)."""
-    return THINK_BLOCK.sub("", text).strip()
-
-
-def last_user_index(messages: list[dict[str, str]]) -> int:
-    for i in range(len(messages) - 1, -1, -1):
-        if messages[i]["role"] == "user":
-            return i
-    raise ValueError("a prompt needs a user message to build a teacher prompt from")
-
-
-def with_last_user_turn(messages: list[dict[str, str]], content: str) -> list[dict[str, str]]:
-    """The messages before the last user turn (system messages, earlier turns), then a user turn `content`."""
-    i = last_user_index(messages)
-    return [dict(m) for m in messages[:i]] + [{"role": "user", "content": content}]
-
-
-def sdpo_teacher_prompts(
-    prompts: list[list[dict[str, str]]],
-    responses: list[str],
-    scores: list[float],
-    feedbacks: list[str | None],
-    group_size: int,
-    cfg: DistillConfig,
-) -> TeacherPrompts:
-    """SDPO reprompts for N = P x G group-contiguous samples (see the module docstring)."""
-    n = len(prompts)
-    if not (len(responses) == len(scores) == len(feedbacks) == n) or n % group_size != 0:
-        raise ValueError(f"sdpo_teacher_prompts: {n} prompts do not match the responses/scores/groups of {group_size}")
-    succeeded = [s >= cfg.success_threshold for s in scores]
-    out = TeacherPrompts([], [], [], [], succeeded)
-    for i in range(n):
-        start = (i // group_size) * group_size
-        sibling = next((j for j in range(start, start + group_size) if j != i and succeeded[j]), None)
-        feedback = feedbacks[i]
-        use_feedback = sibling is None and cfg.use_feedback and isinstance(feedback, str) and feedback.strip() != ""
-        if sibling is None and not use_feedback:
-            out.messages.append(prompts[i])
-            out.has_target.append(False)
-            out.used_solution.append(False)
-            out.used_feedback.append(False)
-            continue
-        solution = ""
-        if sibling is not None:
-            demo = strip_think(responses[sibling]) if cfg.strip_think else responses[sibling]
-            solution = cfg.solution_template.format(successful_previous_attempt=demo)
-        feedback_text = cfg.feedback_template.format(feedback_raw=feedback) if use_feedback else ""
-        question = prompts[i][last_user_index(prompts[i])]["content"]
-        reprompt = cfg.reprompt_template.format(prompt=question, solution=solution, feedback=feedback_text)
-        out.messages.append(with_last_user_turn(prompts[i], reprompt))
-        out.has_target.append(True)
-        out.used_solution.append(sibling is not None)
-        out.used_feedback.append(use_feedback)
-    return out
-
-
-def sdft_teacher_prompts(
-    prompts: list[list[dict[str, str]]],
-    demonstrations: list[str | None],
-    scores: list[float],
-    cfg: DistillConfig,
-) -> TeacherPrompts:
-    """SDFT demonstration prompts; a sample whose example has no demonstration gets no target."""
-    out = TeacherPrompts([], [], [], [], [s >= cfg.success_threshold for s in scores])
-    for messages, demo in zip(prompts, demonstrations, strict=True):
-        has = isinstance(demo, str) and demo.strip() != ""
-        if has:
-            question = messages[last_user_index(messages)]["content"]
-            messages = with_last_user_turn(
-                messages, cfg.demonstration_template.format(question=question, demonstration=demo)
-            )
-        out.messages.append(messages)
-        out.has_target.append(has)
-        out.used_solution.append(False)
-        out.used_feedback.append(False)
-    return out
 
 
 # ------------------------------------------------------------------------------------------ EMA of ΔW (pure)

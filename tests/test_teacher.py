@@ -13,16 +13,8 @@ from adaptercl.batching import build_batch, response_logits
 from adaptercl.config import DistillConfig, LoraConfig, ModelConfig, TeacherConfig
 from adaptercl.merging import lora_delta, refactorize
 from adaptercl.model import load_base
-from adaptercl.teacher import (
-    Teacher,
-    create_teacher,
-    ema_lora_factors,
-    restore_teacher,
-    sdft_teacher_prompts,
-    sdpo_teacher_prompts,
-    strip_think,
-    teacher_autocast_dtype,
-)
+from adaptercl.teacher import Teacher, create_teacher, ema_lora_factors, restore_teacher, teacher_autocast_dtype
+from adaptercl.teacher_prompts import sdft_teacher_prompts, sdpo_teacher_prompts, strip_think
 
 # ------------------------------------------------------------------------------------------ teacher prompts
 
