@@ -4,7 +4,8 @@ and the hybrid, on SmolLM2-135M-Instruct over three built-in domains, with the s
 Each method is `base.yaml` with its method blocks set (METHODS below), run as its own `adaptercl recipe run`
 process (so peak memory and crashes stay separate). The runs land in --runs (default runs/science); this script
 then reads every run's summary.json, drift.json and metrics.jsonl and writes results.json, results.md and
-results.png beside itself, comparing the directions the SDPO-CL paper reports ("Denser != Better").
+results.png beside itself, comparing the directions the SDPO-CL paper reports ("Denser != Better"). Runs of the
+committed results.json that were not collected this time (other methods or seeds) are kept in it.
 
     python benchmarks/science/run.py                       # every method, seed 0, two runs at a time
     python benchmarks/science/run.py --methods grpo hybrid --seeds 0 1
