@@ -61,10 +61,7 @@ def hybrid_teacher_prompts(
             allowed and sibling is None and cfg.use_feedback and bool(isinstance(feedback, str) and feedback.strip())
         )
         if solution_text is None and not use_feedback:
-            out.messages.append(prompts[i])
-            out.has_target.append(False)
-            out.used_solution.append(False)
-            out.used_feedback.append(False)
+            out.append(prompts[i], has_target=False)
             continue
         solution = (
             "" if solution_text is None else cfg.solution_template.format(successful_previous_attempt=solution_text)
@@ -72,10 +69,7 @@ def hybrid_teacher_prompts(
         feedback_text = cfg.feedback_template.format(feedback_raw=feedback) if use_feedback else ""
         question = prompts[i][last_user_index(prompts[i])]["content"]
         reprompt = cfg.reprompt_template.format(prompt=question, solution=solution, feedback=feedback_text)
-        out.messages.append(with_last_user_turn(prompts[i], reprompt))
-        out.has_target.append(True)
-        out.used_solution.append(sibling is not None and solution_text is not None)
-        out.used_feedback.append(use_feedback)
+        out.append(with_last_user_turn(prompts[i], reprompt), True, sibling is not None, use_feedback)
     return out
 
 

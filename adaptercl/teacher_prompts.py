@@ -31,6 +31,19 @@ class TeacherPrompts:
     used_feedback: list[bool]  # [N] the reward function's feedback was shown
     succeeded: list[bool]  # [N] the sample's own reward >= success threshold
 
+    def append(
+        self,
+        messages: list[dict[str, str]],
+        has_target: bool,
+        used_solution: bool = False,
+        used_feedback: bool = False,
+    ) -> None:
+        """One more sample's teacher prompt and what it shows."""
+        self.messages.append(messages)
+        self.has_target.append(has_target)
+        self.used_solution.append(used_solution)
+        self.used_feedback.append(used_feedback)
+
     def stats(self) -> dict[str, float]:
         n = max(1, len(self.has_target))
         return {
@@ -79,10 +92,7 @@ def sdpo_teacher_prompts(
         feedback = feedbacks[i]
         use_feedback = sibling is None and cfg.use_feedback and isinstance(feedback, str) and feedback.strip() != ""
         if sibling is None and not use_feedback:
-            out.messages.append(prompts[i])
-            out.has_target.append(False)
-            out.used_solution.append(False)
-            out.used_feedback.append(False)
+            out.append(prompts[i], has_target=False)
             continue
         solution = ""
         if sibling is not None:
@@ -91,10 +101,7 @@ def sdpo_teacher_prompts(
         feedback_text = cfg.feedback_template.format(feedback_raw=feedback) if use_feedback else ""
         question = prompts[i][last_user_index(prompts[i])]["content"]
         reprompt = cfg.reprompt_template.format(prompt=question, solution=solution, feedback=feedback_text)
-        out.messages.append(with_last_user_turn(prompts[i], reprompt))
-        out.has_target.append(True)
-        out.used_solution.append(sibling is not None)
-        out.used_feedback.append(use_feedback)
+        out.append(with_last_user_turn(prompts[i], reprompt), True, sibling is not None, use_feedback)
     return out
 
 
@@ -113,8 +120,5 @@ def sdft_teacher_prompts(
             messages = with_last_user_turn(
                 messages, cfg.demonstration_template.format(question=question, demonstration=demo)
             )
-        out.messages.append(messages)
-        out.has_target.append(has)
-        out.used_solution.append(False)
-        out.used_feedback.append(False)
+        out.append(messages, has_target=has)
     return out
