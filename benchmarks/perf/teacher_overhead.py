@@ -155,16 +155,37 @@ def fixed_batch(args: argparse.Namespace, ctx, domain):
     return samples, completions, results, batch, advantages
 
 
+def method_contexts(args: argparse.Namespace, model, tokenizer, domain, work: Path) -> dict[str, tuple]:
+    """`method_context` of every variant in `args.variants`, each in `work/<variant>`, on the one PeftModel."""
+    setups = {}
+    for m in args.variants:
+        setups[m] = method_context(args, m, model, tokenizer, domain, work / m, 10**6)
+        model = setups[m][0].model  # the PeftModel holding every adapter
+    return setups
+
+
+def load_workload(args: argparse.Namespace, work: Path):
+    """The base model (fixed-length rollouts: EOS masked until max_new_tokens) and the arithmetic domain."""
+    import torch
+
+    from adaptercl.domains import load_domain
+    from adaptercl.model import load_base
+
+    probe = method_recipe(args, "grpo", work, 1, 2, 1)
+    base = load_base(probe.model, "none", torch.device("cpu"))
+    base.model.generation_config.min_new_tokens = args.max_new_tokens
+    torch.manual_seed(args.seed)
+    return base, load_domain(probe.domains[0], args.seed, 1)
+
+
 def time_training(args: argparse.Namespace, model, tokenizer, domain, work: Path) -> tuple[dict[str, Any], Any]:
     """Every method trains on the same batch, `warmup + repeats` times in rotated order. Returns (results, model)."""
     from adaptercl.adapters import use_adapters
     from adaptercl.stage import _train_on_batch, distill_targets
 
     variants = args.variants
-    setups = {}
-    for m in variants:
-        setups[m] = method_context(args, m, model, tokenizer, domain, work / f"batch-{m}", 10**6)
-        model = setups[m][0].model  # the PeftModel holding every adapter
+    setups = method_contexts(args, model, tokenizer, domain, work / "batch")
+    model = setups["grpo"][0].model
     samples, completions, results, batch, advantages = fixed_batch(args, setups["grpo"][0], domain)
     parts = ("targets", "train", "teacher_update", "total")
     times: dict[str, dict[str, list[float]]] = {m: {k: [] for k in parts} for m in variants}
@@ -246,16 +267,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    import torch
-
-    from adaptercl.domains import load_domain
-    from adaptercl.model import load_base
-
-    probe = method_recipe(args, "grpo", work, 1, 2, 1)
-    base = load_base(probe.model, "none", torch.device("cpu"))
-    base.model.generation_config.min_new_tokens = args.max_new_tokens  # fixed-length rollouts (EOS masked)
-    torch.manual_seed(args.seed)
-    domain = load_domain(probe.domains[0], args.seed, 1)
+    base, domain = load_workload(args, work)
     settings = {}
     for m in args.variants[1:]:
         stage = method_recipe(args, m, work, 1, 1 if VARIANTS[m][0] == "sdft" else 2, 1).stages[0]
@@ -302,22 +314,32 @@ def markdown(result: dict[str, Any]) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the batch every method trains on (also read by teacher_parts.py)."""
     add_workload_arguments(parser)
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
     parser.add_argument("--failed-group-frac", type=float, default=0.5, help="share of groups without a success")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def grpo_first(variants: list[str]) -> list[str]:
+    """The variants without repeats, GRPO first: it is the baseline, and its student samples the batch."""
+    return ["grpo"] + [v for v in dict.fromkeys(variants) if v != "grpo"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_batch_arguments(parser)
     parser.add_argument("--warmup", type=int, default=1, help="rounds over all methods left out")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds over all methods")
     parser.add_argument("--full-steps", type=int, default=0, help="also time this many full run_stage steps")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), help="what to time (grpo always)"
     )
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/perf/results)")
     args = parser.parse_args()
-    args.variants = ["grpo"] + [v for v in dict.fromkeys(args.variants) if v != "grpo"]  # the baseline first
+    args.variants = grpo_first(args.variants)
     if args.threads:
         import torch
 

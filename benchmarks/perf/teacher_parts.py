@@ -31,9 +31,16 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
-from perf_common import add_workload_arguments, write_result  # noqa: E402
+from perf_common import write_result  # noqa: E402
 from provenance import markdown_table, provenance  # noqa: E402
-from teacher_overhead import VARIANTS, fixed_batch, method_context, method_recipe  # noqa: E402
+from teacher_overhead import (  # noqa: E402
+    VARIANTS,
+    add_batch_arguments,
+    fixed_batch,
+    grpo_first,
+    load_workload,
+    method_contexts,
+)
 
 PARTS = (
     "student_forward_s",
@@ -100,22 +107,12 @@ def variant_parts(ctx, batch, targets, repeats: int) -> dict[str, Any]:
 
 
 def time_parts(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    import torch
-
     from adaptercl.adapters import use_adapters
-    from adaptercl.domains import load_domain
-    from adaptercl.model import load_base
     from adaptercl.stage import distill_targets
 
-    probe = method_recipe(args, "grpo", work, 1, 2, 1)
-    base = load_base(probe.model, "none", torch.device("cpu"))
-    base.model.generation_config.min_new_tokens = args.max_new_tokens  # fixed-length rollouts
-    torch.manual_seed(args.seed)
-    domain = load_domain(probe.domains[0], args.seed, 1)
-    model, setups = base.model, {}
-    for v in args.variants:
-        setups[v] = method_context(args, v, model, base.tokenizer, domain, work / v, 10**6)
-        model = setups[v][0].model
+    base, domain = load_workload(args, work)
+    setups = method_contexts(args, base.model, base.tokenizer, domain, work)
+    model = setups["grpo"][0].model
     samples, completions, results, batch, _ = fixed_batch(args, setups["grpo"][0], domain)
     out: dict[str, Any] = {}
     for v in args.variants[1:]:
@@ -142,15 +139,12 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_workload_arguments(parser)
-    parser.add_argument("--grad-accum", type=int, default=1, help="(unused here; the recipe needs it)")
-    parser.add_argument("--failed-group-frac", type=float, default=0.5, help="share of groups without a success")
+    add_batch_arguments(parser)
     parser.add_argument("--repeats", type=int, default=3, help="timed calls per part")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS)[1:], choices=list(VARIANTS)[1:])
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/perf/results)")
     args = parser.parse_args()
-    args.variants = ["grpo", *dict.fromkeys(args.variants)]  # grpo's student samples the batch
+    args.variants = grpo_first(args.variants)
     with tempfile.TemporaryDirectory(prefix="adaptercl-teacher-parts-") as tmp:
         result = {**provenance(), **time_parts(args, Path(tmp))}
     path = write_result("teacher_parts-" + Path(args.model).name, result, args.out)
