@@ -1,0 +1,48 @@
+"""adaptercl: continual post-training of LLMs with LoRA adapters (GRPO, SDPO, SDFT, hybrid) on a 4-bit base.
+
+The Python API (the same functions the CLI calls):
+
+    import adaptercl
+    recipe = adaptercl.load_recipe("recipes/quickstart.yaml", ["optim.steps=4"])   # validated RecipeConfig
+    result = adaptercl.run_recipe(recipe)          # RunResult: run_dir, domains, accuracy matrix (row 0 = before)
+    adaptercl.export_run(result.run_dir, "ship/")  # one shippable PEFT adapter folder per stage + the combined one
+
+Names are imported on first use, so `import adaptercl` (and `adaptercl recipe validate`) loads neither torch nor
+transformers.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("adaptercl")
+except PackageNotFoundError:  # a source tree on sys.path without an install
+    __version__ = "0+unknown"
+
+# public name -> the module that is its home
+_API: dict[str, str] = {
+    "load_recipe": "adaptercl.recipe",
+    "RecipeConfig": "adaptercl.config",
+    "RecipeError": "adaptercl.recipe_errors",
+    "run_recipe": "adaptercl.run",
+    "RunResult": "adaptercl.run",
+    "export_run": "adaptercl.export",
+}
+
+__all__ = ["__version__", *_API]
+
+if TYPE_CHECKING:
+    from adaptercl.config import RecipeConfig
+    from adaptercl.export import export_run
+    from adaptercl.recipe import load_recipe
+    from adaptercl.recipe_errors import RecipeError
+    from adaptercl.run import RunResult, run_recipe
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        return getattr(import_module(_API[name]), name)
+    raise AttributeError(f"module 'adaptercl' has no attribute {name!r}")

@@ -134,8 +134,12 @@ class OptimConfig(_Block):
     steps: int = Field(100, ge=1, description="Optimiser steps in the stage (a stage's `steps:` sets this).")
     prompts_per_step: int = Field(4, ge=1, description="Distinct prompts per step; samples = prompts x group_size.")
     grad_accum: int = Field(1, ge=1, description="Micro-batches each step's samples are split into for backward.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
-    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="LR schedule after warm-up.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (transformers' warm-up: step 0 has LR 0).")
+    schedule: Literal["constant", "linear", "cosine", "cosine_with_restarts", "inverse_sqrt"] = Field(
+        "constant",
+        description="LR schedule: transformers' scheduler of that name over the stage's steps (lr_schedule.py; "
+        "`constant` is transformers' constant_with_warmup), as TRL's lr_scheduler_type.",
+    )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     activation_checkpointing: Literal["auto"] | bool = Field(

@@ -15,13 +15,12 @@
 What the run hands a stage is `stage_context.StageContext`. The data order and sampling seeds are pure functions
 of (recipe seed, stage index, step), so a stage resumed from a checkpoint draws the same prompts as an
 uninterrupted one. The learning rate of a step is a pure function of the step and the rollbacks so far
-(`learning_rate`): the schedule's factor times the guard's scale, applied to `optim.lr` before each step.
+(`lr_schedule.learning_rate`: transformers' schedule factor times the guard's scale), set before each step.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 
@@ -32,9 +31,9 @@ from adaptercl.adapters import lora_parameters
 from adaptercl.atomic import append_line, read_jsonl, write_text
 from adaptercl.batching import TokenBatch, build_batch, encode_chat
 from adaptercl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
-from adaptercl.config import OptimConfig
 from adaptercl.distill_targets import distill_targets
 from adaptercl.drift import parameter_drift_report
+from adaptercl.lr_schedule import learning_rate
 from adaptercl.methods import METHODS
 from adaptercl.metrics import repeated_ngram_rate
 from adaptercl.monitor import CollapseGuard
@@ -50,23 +49,6 @@ def make_optimizer(ctx: StageContext) -> torch.optim.Optimizer:
     optim = ctx.stage.optim
     params = list(lora_parameters(ctx.model, ctx.student).values())
     return torch.optim.AdamW(params, lr=optim.lr, weight_decay=optim.weight_decay)
-
-
-def learning_rate(optim: OptimConfig, step: int, scale: float = 1.0) -> float:
-    """The learning rate of 0-based `step`: optim.lr × `scale` (the collapse guard's rollback factor) × the
-    schedule's factor (linear warm-up over `warmup_steps`, then constant, linear or cosine decay to 0)."""
-    return optim.lr * scale * lr_factor(optim, step)
-
-
-def lr_factor(optim: OptimConfig, step: int) -> float:
-    if step < optim.warmup_steps:
-        return (step + 1) / (optim.warmup_steps + 1)
-    progress = (step - optim.warmup_steps) / max(1, optim.steps - optim.warmup_steps)
-    if optim.schedule == "linear":
-        return max(0.0, 1.0 - progress)
-    if optim.schedule == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return 1.0
 
 
 def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None) -> dict[str, float]:
