@@ -234,10 +234,15 @@ class RecipeConfig(_Block):
         first = self.stages[0]
         for stage in self.stages[1:]:  # one rollout engine serves the whole run
             for key in ENGINE_FIELDS:
-                if getattr(stage.rollout, key) != getattr(first.rollout, key):
+                ours, theirs = getattr(stage.rollout, key), getattr(first.rollout, key)
+                if ours != theirs:
+                    if key == "server":  # name the field of the nested block that differs
+                        key, theirs = next(
+                            (f"server.{k}", v) for k, v in theirs.model_dump().items() if getattr(ours, k) != v
+                        )
                     raise ValueError(
                         f"stages.{stage.name}.rollout.{key}: the rollout engine is shared by every stage; set "
-                        f"rollout.{key} once at recipe level (stage {first.name} has {getattr(first.rollout, key)!r})"
+                        f"rollout.{key} once at recipe level (stage {first.name} has {theirs!r})"
                     )
         if first.adapter.init == "merge":
             raise ValueError(f"stages.{first.name}.adapter.init: the first stage has nothing to merge; use new")

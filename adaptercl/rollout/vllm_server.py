@@ -18,7 +18,9 @@ active adapters is written as one combined PEFT folder and loaded at runtime und
 (`POST /v1/load_lora_adapter {lora_name, lora_path}`; the server gives each name a new integer id, so no cached
 weights or prefix-cache blocks of an earlier version are reused); the version it replaces is unloaded
 (`POST /v1/unload_lora_adapter`: its name then answers 404) and its folder deleted. Names carry a per-engine tag
-(`stage-01-math@3.1a2b3c4d`), so a run restarted against the same server never collides with its earlier names.
+(`stage-01-math@3.1a2b3c4d`), so a run restarted against the same server never collides with its earlier names;
+with the default adapter_dir (inside the run directory, owned by the run) a restarted run first unloads what an
+earlier engine of the run left on the server (it was killed, or failed) and deletes its folders.
 
 Requests: one `POST /v1/completions` per prompt (its group of n samples), sent concurrently; the prompt goes as
 token ids and `return_token_ids` brings the sampled ids back, so the trainer's tokenizer alone encodes and decodes.
@@ -70,6 +72,7 @@ class VLLMServerEngine:
         settings: RolloutServerConfig,
         adapter_dir: str | Path,
         serve_path: str,
+        reclaim: bool = False,
     ):
         import httpx
 
@@ -92,6 +95,8 @@ class VLLMServerEngine:
         server_dir = settings.server_adapter_dir or str(Path(adapter_dir).expanduser().absolute())
         self.server_workdir = f"{server_dir.rstrip('/')}/{self.tag}"
         self.base_model = self._check_server()
+        if reclaim:  # a folder this run owns: what an earlier engine of the run left (killed, or failed) goes
+            self._reclaim(server_dir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._closing = False
         self.versions = AdapterVersions(serve_path, self.workdir, MAX_SERVED, load=self._load, unload=self._unload)
@@ -104,8 +109,9 @@ class VLLMServerEngine:
     def from_recipe(cls, recipe: RecipeConfig, base: Any, model: torch.nn.Module) -> VLLMServerEngine:
         """The run's engine: `rollout.server` of the first stage (the same in every stage) and the loaded base."""
         settings = recipe.stages[0].rollout.server
-        adapter_dir = settings.adapter_dir or str(Path(recipe.output_dir) / ADAPTER_DIR)
-        return cls(model, base.tokenizer, settings, adapter_dir, base.path)
+        if settings.adapter_dir is not None:  # possibly shared with other runs: only this engine's part is touched
+            return cls(model, base.tokenizer, settings, settings.adapter_dir, base.path)
+        return cls(model, base.tokenizer, settings, Path(recipe.output_dir) / ADAPTER_DIR, base.path, reclaim=True)
 
     # ---- the RolloutEngine protocol
 
@@ -249,6 +255,14 @@ class VLLMServerEngine:
         return base
 
     # ---- adapter versions on the server
+
+    def _reclaim(self, server_dir: str) -> None:
+        """Unload the adapters an earlier engine loaded from `server_dir` and delete its folders."""
+        prefix = f"{server_dir.rstrip('/')}/"
+        for entry in self.server_models():
+            if entry.get("parent") is not None and str(entry.get("root", "")).startswith(prefix):
+                self._request("POST", "/v1/unload_lora_adapter", {"lora_name": entry["id"]})
+        shutil.rmtree(self.workdir.parent, ignore_errors=True)
 
     def _server_name(self, name: str) -> str:
         return f"{name}.{self.tag}"
