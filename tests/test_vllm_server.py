@@ -343,5 +343,5 @@ def test_a_stage_runs_end_to_end_and_resumes_after_the_server_failed(server, tmp
     assert main(["recipe", "run", str(recipe)]) == 0
     lines = [json.loads(x) for x in (stage / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in lines] == [1, 2] and (stage / "done.json").is_file()
-    assert not any((tmp_path / "run" / "rollout-adapters").glob("*/*"))  # the failed engine's left over too
+    assert not (tmp_path / "run" / "rollout-adapters").exists()  # the failed engine's left over too
     assert not [n for n in server_model_ids(server) if "@" in n]  # and unloaded them from the server

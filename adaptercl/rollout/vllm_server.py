@@ -36,6 +36,7 @@ at once; a server that dies mid-stage stops the stage at its last checkpoint, an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -142,6 +143,8 @@ class VLLMServerEngine:
         self._closing = True
         self.versions.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the adapter folder itself when no other engine uses it
+            self.workdir.parent.rmdir()
         self._client.close()
 
     # ---- what the server holds
