@@ -4,6 +4,8 @@
     adaptercl recipe validate FILE [key=value ...]  check a recipe, and what it names on this machine (files,
                                                     reward imports, vLLM), without loading anything heavy
     adaptercl recipe show FILE [key=value ...]      print the resolved recipe (defaults merged into stages)
+    adaptercl recipe serve FILE [key=value ...] [--port 8000] [--tensor-parallel-size N] [--data-parallel-size N]
+                           [--print-command]        the vLLM rollout server for `rollout.engine: vllm_server`
     adaptercl recipe plan FILE [key=value ...] [--gpu-memory 24] [--prompt-tokens 1024]
                                                     predicted peak GPU memory of training, rollouts and evaluation,
                                                     the fields to change when it does not fit, and the wall time;
@@ -12,11 +14,12 @@
     adaptercl merge ADAPTER... --out DIR [--method ties --weights 1,-1 --density 0.2 --rank 16]
                                                     ΔW-space merge of PEFT adapter folders into one
     adaptercl export RUN_DIR --out DIR [--merged]   one PEFT adapter folder per domain + model cards + manifest
-    adaptercl serve DIR [--port 8000] [--print-command]
+    adaptercl serve DIR [--port 8000] [--tensor-parallel-size N] [--data-parallel-size N] [--print-command]
                                                     serve an export with vLLM's OpenAI server, one LoRA per domain
 
 Every subcommand parses, calls one function and returns an exit code. Recipe and input problems
-(`RecipeError`) print one line `error: ...` and exit 2, never a traceback.
+(`RecipeError`) print one line `error: ...` and exit 2, never a traceback; a rollout server that is unreachable or
+fails (`RolloutServerError`) prints one line and exits 3 (the run keeps its last checkpoint: rerun to resume).
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any
 
 from adaptercl.config import RecipeError
+from adaptercl.rollout import RolloutServerError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         ("validate", "validate a recipe and exit"),
         ("show", "print the resolved recipe"),
         ("plan", "predict peak GPU memory per phase and the wall time, before any download"),
+        ("serve", "start the vLLM server a `rollout.engine: vllm_server` recipe rolls out from"),
     ):
         p = recipe.add_parser(action, help=help_text)
         p.add_argument("file", help="recipe YAML file")
@@ -47,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         if action == "plan":
             p.add_argument("--gpu-memory", type=float, default=24.0, help="GPU memory in GiB (default 24)")
             p.add_argument("--prompt-tokens", type=int, default=1024, help="longest prompt in tokens (default 1024)")
+        if action == "serve":
+            _server_options(p)
     report = sub.add_parser("report", help="write report.md and plots for a run directory")
     report.add_argument("run_dir", help="a run directory (output_dir of a recipe)")
     merge = sub.add_parser("merge", help="ΔW-space merge of PEFT adapter folders, re-factorised to one adapter")
@@ -63,9 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--merged", action="store_true", help="also export the final all-domain adapter as combined/")
     serve = sub.add_parser("serve", help="serve an exported folder with vLLM (OpenAI API), one LoRA per adapter")
     serve.add_argument("export_dir", help="a folder written by `adaptercl export`")
-    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    serve.add_argument("--host", help="host to bind (default: vLLM's, all interfaces)")
-    serve.add_argument("--print-command", action="store_true", help="print the vllm serve command and exit")
+    _server_options(serve)
     args = parser.parse_args(argv)
     logging.basicConfig(level=os.environ.get("ADAPTERCL_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -88,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RolloutServerError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
@@ -104,6 +113,10 @@ def _recipe(args: argparse.Namespace) -> int:
         preflight(recipe)
         print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains)")
         return 0
+    if args.action == "serve":
+        from adaptercl.serve import rollout_server_command, serve_rollouts
+
+        return _serve_with(args, rollout_server_command, serve_rollouts, recipe)
     if args.action == "show":
         print(resolved_yaml(recipe), end="")
         return 0
@@ -136,15 +149,29 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import shlex
+def _server_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--host", help="host to bind (default: vLLM's, all interfaces)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs one replica is sharded over (default 1)")
+    p.add_argument("--data-parallel-size", type=int, default=1, help="replicas behind the one address (default 1)")
+    p.add_argument("--print-command", action="store_true", help="print the vllm serve command and exit")
 
+
+def _serve(args: argparse.Namespace) -> int:
     from adaptercl.serve import serve, serve_command
 
+    return _serve_with(args, serve_command, serve, args.export_dir)
+
+
+def _serve_with(args: argparse.Namespace, command: Any, run: Any, what: Any) -> int:
+    """Print `command(what, ...)` with --print-command, else `run` it (which replaces this process)."""
+    import shlex
+
+    parallel = {"tensor_parallel_size": args.tensor_parallel_size, "data_parallel_size": args.data_parallel_size}
     if args.print_command:
-        print(shlex.join(serve_command(args.export_dir, args.port, args.host)))
+        print(shlex.join(command(what, args.port, args.host, **parallel)))
         return 0
-    serve(args.export_dir, args.port, args.host)  # replaces this process with the server
+    run(what, args.port, args.host, **parallel)  # replaces this process with the server
     return 1
 
 

@@ -6,7 +6,8 @@ A recipe is one YAML file describing a whole continual sequence. Recipe-level bl
 Method-dependent defaults and constraints (teacher kind and EMA rate, divergence α, skipped tokens, allowed
 teachers) come from the method table `methods.METHODS` and are filled in one place,
 `StageConfig._fill_method_defaults`. The method blocks (`grpo`, `distill`, `hybrid`, `regularizers`, `monitor`) are
-defined in `method_config.py`, the `domains:` block in `domain_config.py`, the `eval:` block in `eval_config.py`.
+defined in `method_config.py`, the `domains:` block in `domain_config.py`, the `eval:` block in `eval_config.py`,
+the `rollout:` block in `rollout_config.py`.
 
 This module imports no torch: `adaptercl recipe validate` answers in well under a second. Errors are raised as
 `RecipeError` with one line naming the field path (stages are named by their `name`, not their index) and what
@@ -37,6 +38,7 @@ from adaptercl.method_config import (  # re-exported: a recipe's blocks are impo
 from adaptercl.method_config import ConfigBlock as _Block
 from adaptercl.methods import METHODS, Method
 from adaptercl.recipe_errors import RecipeError, format_validation_error
+from adaptercl.rollout_config import ENGINE_FIELDS, RolloutConfig, RolloutServerConfig
 
 __all__ = [
     "Action",
@@ -55,6 +57,7 @@ __all__ = [
     "RecipeError",
     "RegularizerConfig",
     "RolloutConfig",
+    "RolloutServerConfig",
     "StageConfig",
     "Support",
     "TeacherConfig",
@@ -91,41 +94,6 @@ class LoraConfig(_Block):
         None,
         description="Only these decoder layers (0-based; negative counts from the top) get LoRA. Backward then "
         "stops at the lowest one: LoRA on the top layers only makes a CPU step several times cheaper.",
-    )
-
-
-class RolloutConfig(_Block):
-    engine: Literal["hf", "vllm"] = Field("hf", description="Rollout engine: plain transformers (reference) or vLLM.")
-    group_size: int = Field(8, ge=1, description="Samples per prompt (G). SDFT uses 1 sample per prompt.")
-    max_new_tokens: int = Field(256, ge=1, description="Longest sampled response, in tokens.")
-    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature; logits are divided by it in losses.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
-    batch_size: int = Field(64, ge=1, description="Sequences per generate call (hf engine).")
-    fold_lora: bool = Field(
-        True,
-        description="hf engine: while decoding, fold the active LoRA into a temporary copy of each float32 base "
-        "weight (exact to fp32 rounding; one extra copy of the adapted weights meanwhile). Quantised and "
-        "half-precision bases are never folded.",
-    )
-    gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="vLLM: GPU memory fraction it may use.")
-    vllm_base: str | None = Field(
-        None,
-        description="vLLM: a rollout-side base (e.g. an AWQ checkpoint of the same model) when the vLLM "
-        "version cannot load the trainer's bitsandbytes base; rollouts become slightly off-policy.",
-    )
-    max_loras: int | None = Field(
-        None, ge=1, description="vLLM: GPU adapter slots (each request serves one combined adapter); default 2."
-    )
-    max_lora_rank: int | None = Field(
-        None,
-        ge=1,
-        description="vLLM: largest adapter rank served; default: the largest combined rank the recipe needs.",
-    )
-    enable_sleep_mode: bool = Field(
-        True, description="vLLM on CUDA: free the engine's GPU memory around each optimiser step (sleep level 1)."
-    )
-    max_model_len: int | None = Field(
-        None, ge=1, description="vLLM: longest prompt + response in tokens; default the model's own, at most 8192."
     )
 
 
@@ -270,10 +238,15 @@ class RecipeConfig(_Block):
         first = self.stages[0]
         for stage in self.stages[1:]:  # one rollout engine serves the whole run
             for key in ENGINE_FIELDS:
-                if getattr(stage.rollout, key) != getattr(first.rollout, key):
+                ours, theirs = getattr(stage.rollout, key), getattr(first.rollout, key)
+                if ours != theirs:
+                    if key == "server":  # name the field of the nested block that differs
+                        key, theirs = next(
+                            (f"server.{k}", v) for k, v in theirs.model_dump().items() if getattr(ours, k) != v
+                        )
                     raise ValueError(
                         f"stages.{stage.name}.rollout.{key}: the rollout engine is shared by every stage; set "
-                        f"rollout.{key} once at recipe level (stage {first.name} has {getattr(first.rollout, key)!r})"
+                        f"rollout.{key} once at recipe level (stage {first.name} has {theirs!r})"
                     )
         if first.adapter.init == "merge":
             raise ValueError(f"stages.{first.name}.adapter.init: the first stage has nothing to merge; use new")
@@ -293,17 +266,6 @@ class RecipeConfig(_Block):
         return self.eval.max_new_tokens or self.stages[0].rollout.max_new_tokens
 
 
-# Rollout fields that configure the run's one engine, so they must agree across stages.
-ENGINE_FIELDS = (
-    "engine",
-    "fold_lora",
-    "gpu_memory_utilization",
-    "vllm_base",
-    "max_loras",
-    "max_lora_rank",
-    "enable_sleep_mode",
-    "max_model_len",
-)
 STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid", "regularizers", "monitor")
 
 

@@ -342,6 +342,8 @@ def _rollout_phase(shape: Shape, recipe: RecipeConfig, prompt: int, limit: float
         if s.rollout.engine == "hf":
             rows.append((s.name, hf_generate_terms(shape, recipe, s, i, s.rollout.batch_size, prompt,
                                                    s.rollout.max_new_tokens)))  # fmt: skip
+        elif s.rollout.engine == "vllm_server":  # the server's GPUs are not this one
+            rows.append((s.name, _resident(shape, recipe, s, i)))
         else:
             claim = s.rollout.gpu_memory_utilization * (limit + CUDA_CONTEXT_GIB) * GIB
             rows.append((s.name, {**_resident(shape, recipe, s, i), "vllm_claim": claim}))

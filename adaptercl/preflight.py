@@ -6,7 +6,8 @@ what a recipe says; this checks it against this machine, each problem one `Recip
 - every domain: its builtin name, its reward (a user `pkg.module:function` is imported), its local source file or
   folder with the split files, and its local `eval_file` exist (`domains.loading.check_domain`; URL and hub
   sources are not fetched here);
-- `rollout.engine: vllm` has vLLM installed.
+- `rollout.engine: vllm` has vLLM installed (`vllm_server` needs none here; its server is first contacted when
+  the run starts, and its URL's form is the grammar's check).
 
 `adaptercl recipe validate` and `run.run_recipe` call it. No torch import: validate stays well under a second
 (importing a user's reward module aside).

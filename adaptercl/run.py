@@ -207,8 +207,8 @@ def _result(run: RunDir) -> RunResult:
 
 
 class Engines:
-    """The run's rollout engine: the hf engine runs on the live training model; the vllm engine is one per run,
-    created on first use and closed at the end."""
+    """The run's rollout engine: the hf engine runs on the live training model; a vllm engine (in process) or
+    vllm_server engine (a client of a running server) is one per run, created on first use and closed at the end."""
 
     def __init__(self, recipe: RecipeConfig, notify: Callable[..., Any]):
         self.recipe, self.notify = recipe, notify
@@ -226,9 +226,12 @@ class Engines:
             tok = self.base.tokenizer
             return HFEngine(model, tok, batch_size=self.rollout.batch_size, fold_lora=self.rollout.fold_lora)
         if self.vllm is None:
-            from adaptercl.rollout.vllm import VLLMEngine
+            if self.rollout.engine == "vllm_server":
+                from adaptercl.rollout.vllm_server import VLLMServerEngine as engine_class
+            else:
+                from adaptercl.rollout.vllm import VLLMEngine as engine_class
 
-            self.vllm = VLLMEngine.from_recipe(self.recipe, self.base, model)
+            self.vllm = engine_class.from_recipe(self.recipe, self.base, model)
             self.notify("engine", description=self.vllm.description)
         self.vllm.model = model  # the first adapter wraps the base in a PeftModel
         return self.vllm

@@ -58,7 +58,7 @@ class WallTime:
 
 def _generate_s(recipe: RecipeConfig, sequences: int, new_tokens: int, params_b: float) -> float:
     rollout = recipe.stages[0].rollout
-    if rollout.engine == "vllm":
+    if rollout.engine in ("vllm", "vllm_server"):
         return sequences * new_tokens / VLLM_TOKENS_PER_S * params_b / REFERENCE_PARAMS_B
     calls = math.ceil(sequences / rollout.batch_size)
     return calls * new_tokens * HF_DECODE_STEP_S * params_b / REFERENCE_PARAMS_B

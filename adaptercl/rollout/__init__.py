@@ -1,8 +1,10 @@
 """Rollout engines: prompts + adapters + sampling parameters -> completions with token ids and logprobs.
 
-Two engines implement `RolloutEngine`: `hf` (plain transformers `generate` on the training model itself, the
-CPU reference and always exactly on-policy) and `vllm` (multi-LoRA serving; see `adaptercl.rollout.vllm`).
-`ENGINES` maps the recipe's `rollout.engine` to a constructor.
+Three engines implement `RolloutEngine`: `hf` (plain transformers `generate` on the training model itself, the
+CPU reference and always exactly on-policy), `vllm` (multi-LoRA serving in this process; `adaptercl.rollout.vllm`)
+and `vllm_server` (a running vLLM OpenAI-compatible server on other GPUs or hosts; `adaptercl.rollout.vllm_server`).
+`adaptercl.run.Engines` builds the recipe's one. A server that cannot be reached or fails is a
+`RolloutServerError`, which the CLI prints as one line.
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ class Completion:
     text: str  # decoded response without special tokens
     finish_reason: str  # "stop" or "length"
     logprobs: list[float] | None = field(default=None)  # one per token_ids entry, when asked for
+
+
+class RolloutServerError(RuntimeError):
+    """The rollout server is unreachable, failed or refused a request: one line saying which and what to do."""
 
 
 class RolloutEngine(Protocol):

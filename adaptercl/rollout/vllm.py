@@ -5,22 +5,14 @@ Use: `VLLMEngine.from_recipe(recipe, base, model)` (the run does this once when 
 step. `sleep()` / `wake()` free and restore the engine's GPU memory around the optimiser step (no-ops where vLLM
 has no sleep mode, e.g. on CPU).
 
-How adapters reach vLLM:
-- The adapter is never merged into the base for rollouts (merging into a 4-bit base and re-quantising is lossy,
-  TRL #3466). Each sync snapshots the adapter's LoRA factors; the next `generate` writes them as a PEFT folder
-  and hands it over as a `LoRARequest` with a **new name and a new integer id**: vLLM keeps serving cached
-  weights when an id is reused, and can serve stale prefix-cache blocks after a same-name reload (vLLM #42125).
-  The previous version is then removed from the engine (`llm_engine.remove_lora`) and its folder deleted.
-- vLLM serves ONE LoRA per request, but a stage's policy is base + frozen earlier adapters + the student. The
-  engine therefore serves a *combined* adapter per set of active adapters: the adapters' A factors stacked along
-  the rank dimension and their B factors (each pre-multiplied by its own scaling alpha/r) side by side, so
-  B_cat·A_cat = Σ_i s_i·B_i·A_i — exactly the sum of the ΔW that PEFT applies with several adapters active.
-  Its rank is the sum of the ranks (a module an adapter does not touch gets zero factors); it is written with
-  lora_alpha = r so vLLM's scaling is 1. Each combination has its own versioned name, e.g.
-  `stage-01-math+stage-02-code@7`; a combination is rebuilt when any member was synced since.
-- A safety net: an adapter whose tensors were changed in place since its last sync (torch's version counter)
-  is re-synced at the next `generate`, so a missing `sync_adapters` call costs a sync, never a stale rollout.
-  Writes through `.data` bypass that counter: call `sync_adapters` after every optimiser step.
+How adapters reach vLLM (`adapter_versions`, shared with the server engine): the adapter is never merged into the
+base for rollouts (merging into a 4-bit base and re-quantising is lossy, TRL #3466). Each sync snapshots the
+adapter's LoRA factors; the next `generate` writes the combined adapter of the active set (A factors stacked along
+the rank, B factors pre-multiplied by their scaling side by side: B_cat·A_cat = Σ_i s_i·B_i·A_i, exactly what PEFT
+applies with several adapters active; lora_alpha = r so vLLM's scaling is 1) as a PEFT folder and hands it over as
+a `LoRARequest` with a **new name and a new integer id** (`llm_engine.add_lora`); the version it replaces is
+removed (`llm_engine.remove_lora`) and its folder deleted. An adapter changed in place since its sync is re-synced
+at the next `generate`.
 
 The 4-bit base (docs/design.md §6):
 - The engine loads the trainer's own checkpoint with `quantization="bitsandbytes"`, which quantises it in flight
@@ -42,7 +34,9 @@ greedy logprobs are at temperature 1. Prompt i's samples use seeds `params.seed 
 Engine settings come from the recipe's rollout block (the same in every stage): `gpu_memory_utilization`,
 `enable_sleep_mode`, `max_loras` (GPU adapter slots; each request carries one combined adapter, so 2 cover the
 policy plus one other combination), `max_lora_rank` (default: the largest combined rank the recipe can need,
-rounded up to a rank vLLM accepts), `max_model_len`. On CPU the KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB when
+rounded up to a rank vLLM accepts), `max_model_len`, `tensor_parallel_size` (GPUs the base is sharded over; vLLM's
+in-process `LLM` has no data parallelism: for that, serve with `adaptercl serve --data-parallel-size` or `vllm serve`
+and use the `vllm_server` engine). On CPU the KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB when
 set, else 1 GiB. `VLLM_ENABLE_V1_MULTIPROCESSING` defaults to 0 (the engine core runs in this process: on CPU it
 starts in about half the time) and `VLLM_NO_USAGE_STATS` to 1; a script that builds the engine needs an
 `if __name__ == "__main__":` guard.
@@ -54,8 +48,6 @@ import logging
 import os
 import shutil
 import tempfile
-from collections import OrderedDict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,9 +56,9 @@ from transformers import PreTrainedTokenizerBase
 
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.continual import max_served_rank
-from adaptercl.lora_factors import LoraFactors, combine, served_config, snapshot, write_adapter_folder
 from adaptercl.model import servable_base_path
 from adaptercl.rollout import Completion, SamplingParams
+from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
 from adaptercl.vllm_settings import (  # noqa: F401 - INSTALL_HINT re-exported for callers of this module
     BNB_PLUGIN_HINT,
@@ -91,20 +83,6 @@ def vllm_supports_bitsandbytes() -> bool:
     return bitsandbytes_provider() is not None
 
 
-@dataclass
-class _Snapshot:
-    version: int  # increases with every sync of this adapter
-    factors: LoraFactors
-    fingerprint: tuple  # (data_ptr, in-place version) of every LoRA tensor at snapshot time
-
-
-@dataclass
-class _Served:
-    request: Any  # vllm LoRARequest
-    versions: tuple[int, ...]  # the members' snapshot versions it was built from
-    folder: Path
-
-
 # ------------------------------------------------------------------------------------------- the engine
 
 
@@ -126,6 +104,7 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.3,
         enable_sleep_mode: bool = True,
         max_model_len: int | None = None,
+        tensor_parallel_size: int = 1,
         seed: int = 0,
     ):
         require_vllm()
@@ -152,6 +131,7 @@ class VLLMEngine:
             "logprobs_mode": "processed_logprobs",  # logits / temperature, the trainer's definition
             "generation_config": "vllm",  # no sampling defaults from the model's generation_config.json
             "max_model_len": max_model_len or default_max_model_len(serve_path),
+            "tensor_parallel_size": tensor_parallel_size,  # GPUs the engine shards the base over
         }
         if quantization is not None:
             kwargs["quantization"] = quantization
@@ -175,10 +155,9 @@ class VLLMEngine:
             f"{kwargs['max_lora_rank']}; sleep mode {'on' if self.sleep_supported else 'off'}"
         )
         self.asleep = False
-        self._snapshots: dict[str, _Snapshot] = {}
-        self._served: OrderedDict[tuple[str, ...], _Served] = OrderedDict()  # least recently used first
-        self._max_served = kwargs["max_cpu_loras"]
-        self._next_id = 1
+        self.versions = AdapterVersions(
+            self.serve_path, self._workdir, kwargs["max_cpu_loras"], load=self._add_lora, unload=self._remove_lora
+        )
 
     @classmethod
     def from_recipe(cls, recipe: RecipeConfig, base: Any, model: torch.nn.Module) -> VLLMEngine:
@@ -232,6 +211,7 @@ class VLLMEngine:
             gpu_memory_utilization=rollout.gpu_memory_utilization,
             enable_sleep_mode=rollout.enable_sleep_mode,
             max_model_len=rollout.max_model_len,
+            tensor_parallel_size=rollout.tensor_parallel_size,
             seed=recipe.seed,
         )
         if mismatch is not None:
@@ -242,8 +222,7 @@ class VLLMEngine:
 
     def sync_adapters(self, names: list[str]) -> None:
         """Snapshot the current weights of these adapters; the next rollout under them serves the new version."""
-        for name in names:
-            self._snapshot(name)
+        self.versions.sync(self.model, names)
 
     def generate(
         self, prompts: list[list[int]], adapters: list[str] | None, params: SamplingParams
@@ -294,60 +273,28 @@ class VLLMEngine:
     # ---- adapters in the engine
 
     def prepare(self, adapters: list[str] | None) -> Any:
-        """The LoRARequest serving exactly `adapters` (None for the base), registered with the engine.
-
-        Syncs adapters never synced or changed in place since their sync; builds a new combined version (new
-        name and id) when any member changed, and removes the version it replaces.
-        """
-        if not adapters:
-            return None
-        from vllm.lora.request import LoRARequest
-
-        key = tuple(dict.fromkeys(adapters))  # active-set order, duplicates dropped
-        for name in key:
-            snap = self._snapshots.get(name)
-            if snap is None or snap.fingerprint != _fingerprint(self.model, name):
-                self._snapshot(name)
-        versions = tuple(self._snapshots[n].version for n in key)
-        served = self._served.get(key)
-        if served is not None and served.versions == versions:
-            self._served.move_to_end(key)
-            return served.request
-        if served is not None:
-            self._unserve(key)
-        while len(self._served) >= self._max_served:
-            self._unserve(next(iter(self._served)))
-        lora_id = self._next_id
-        self._next_id += 1
-        folder = self._workdir / str(lora_id)
-        factors = combine([self._snapshots[n].factors for n in key])
-        factors.config = served_config(self.serve_path, factors.modules, factors.rank)
-        write_adapter_folder(folder, factors)
-        request = LoRARequest(lora_name=f"{'+'.join(key)}@{lora_id}", lora_int_id=lora_id, lora_path=str(folder))
-        self.llm.llm_engine.add_lora(request)
-        self._served[key] = _Served(request, versions, folder)
-        return request
+        """The LoRARequest serving exactly `adapters` (None for the base), registered with the engine
+        (`AdapterVersions.prepare`: a new name and id whenever a member changed)."""
+        served = self.versions.prepare(self.model, adapters)
+        return None if served is None else served.handle
 
     def served_loras(self) -> dict[str, int]:
         """Name -> id of every adapter version the engine currently holds."""
-        return {s.request.lora_name: s.request.lora_int_id for s in self._served.values()}
+        return self.versions.served()
 
     def engine_lora_ids(self) -> set[int]:
         """The LoRA ids vLLM itself lists (`llm_engine.list_loras()`)."""
         return set(self.llm.llm_engine.list_loras())
 
-    def _snapshot(self, name: str) -> None:
-        previous = self._snapshots.get(name)
-        self._snapshots[name] = _Snapshot(
-            version=0 if previous is None else previous.version + 1,
-            factors=snapshot(self.model, name),
-            fingerprint=_fingerprint(self.model, name),
-        )
+    def _add_lora(self, served: Served) -> Any:
+        from vllm.lora.request import LoRARequest
 
-    def _unserve(self, key: tuple[str, ...]) -> None:
-        served = self._served.pop(key)
-        self.llm.llm_engine.remove_lora(served.request.lora_int_id)
-        shutil.rmtree(served.folder, ignore_errors=True)
+        request = LoRARequest(lora_name=served.name, lora_int_id=served.lora_id, lora_path=str(served.folder))
+        self.llm.llm_engine.add_lora(request)
+        return request
+
+    def _remove_lora(self, served: Served) -> None:
+        self.llm.llm_engine.remove_lora(served.lora_id)
 
     # ---- memory around the optimiser step
 
@@ -365,18 +312,12 @@ class VLLMEngine:
 
     def close(self) -> None:
         """Remove every served adapter and the engine's scratch folder, and release the engine."""
-        for key in list(self._served):
-            self._unserve(key)
+        self.versions.close()
         shutil.rmtree(self._workdir, ignore_errors=True)
         del self.llm
         import gc
 
         gc.collect()
-
-
-def _fingerprint(model: torch.nn.Module, name: str) -> tuple:
-    marker = f".{name}."
-    return tuple((p.data_ptr(), p._version) for n, p in model.named_parameters() if "lora_" in n and marker in n)
 
 
 def _compute_dtype(model: torch.nn.Module) -> torch.dtype:

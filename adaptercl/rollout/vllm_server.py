@@ -1,0 +1,309 @@
+"""The `vllm_server` rollout engine: rollouts from a running vLLM OpenAI-compatible server on other GPUs or hosts.
+
+Use: `VLLMServerEngine.from_recipe(recipe, base, model)` (the run does this once when `rollout.engine:
+vllm_server`), then the `RolloutEngine` protocol, as the in-process `vllm` engine (`adaptercl.rollout.vllm`):
+`generate(prompts, adapters, params)` and `sync_adapters(names)` after each optimiser step; `sleep`/`wake` are
+no-ops (the server's memory is not the trainer's).
+
+The server (`adaptercl recipe serve RECIPE` prints and runs the command that fits a recipe, `serve.py`):
+- the trainer's base (the same checkpoint; `--quantization bitsandbytes` for an NF4 trainer), started with
+  `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, `--enable-lora`, `--max-lora-rank` at least the largest combined rank
+  the recipe serves, `--logprobs-mode processed_logprobs` (logprobs under logits / temperature, the trainer's
+  definition; without it the importance weights are wrong at temperature != 1) and `--generation-config vllm`;
+- it must be able to read `rollout.server.adapter_dir` (default `<output_dir>/rollout-adapters`) at
+  `rollout.server.server_adapter_dir` (default the same path): the same machine, or a shared filesystem.
+
+How adapters reach the server (`adapter_versions`, shared with the in-process engine): each version of a set of
+active adapters is written as one combined PEFT folder and loaded at runtime under a **new name**
+(`POST /v1/load_lora_adapter {lora_name, lora_path}`; the server gives each name a new integer id, so no cached
+weights or prefix-cache blocks of an earlier version are reused); the version it replaces is unloaded
+(`POST /v1/unload_lora_adapter`: its name then answers 404) and its folder deleted. Names carry a per-engine tag
+(`stage-01-math@3.1a2b3c4d`), so a run restarted against the same server never collides with its earlier names;
+with the default adapter_dir (inside the run directory, owned by the run) a restarted run first unloads what an
+earlier engine of the run left on the server (it was killed, or failed) and deletes its folders.
+
+Requests: one `POST /v1/completions` per prompt (its group of n samples), sent concurrently; the prompt goes as
+token ids and `return_token_ids` brings the sampled ids back, so the trainer's tokenizer alone encodes and decodes.
+Sampling is the hf engine's (temperature, top_p, top_k off, no penalties, its stop token ids; greedy =
+temperature 0) and prompt i's request has seed `params.seed + i*n`, as in the in-process engine (vLLM gives sample
+j seed + j). With `params.logprobs`, `logprobs: 0` returns each sampled token's logprob.
+
+Failures: a request that cannot connect, times out or gets a 5xx answer is retried `rollout.server.retries` times
+with exponential backoff; then, or on a refusal (4xx), a one-line `RolloutServerError` names the server, the request
+and what to change. The engine checks the server when it starts (before any training), so a wrong address fails
+at once; a server that dies mid-stage stops the stage at its last checkpoint, and a rerun resumes there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from adaptercl.config import RecipeConfig, RecipeError, RolloutServerConfig
+from adaptercl.rollout import Completion, RolloutServerError, SamplingParams
+from adaptercl.rollout.adapter_versions import AdapterVersions, Served
+from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
+
+log = logging.getLogger(__name__)
+
+ADAPTER_DIR = "rollout-adapters"  # under the run directory, unless rollout.server.adapter_dir says otherwise
+MAX_IN_FLIGHT = 64  # concurrent completion requests (the server batches them)
+MAX_SERVED = 8  # combined adapter versions loaded at once (a stage needs 2-3: policy, teacher, previous policy)
+RUNTIME_LORA_HINT = "start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora (`adaptercl recipe serve`)"
+
+
+class VLLMServerEngine:
+    """Rollouts from a vLLM server at `settings.url`; `model` is the trainer's PeftModel (read for adapters)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        settings: RolloutServerConfig,
+        adapter_dir: str | Path,
+        serve_path: str,
+        reclaim: bool = False,
+    ):
+        import httpx
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.url = settings.url.removesuffix("/v1")
+        self.stop_ids = stop_token_ids(model, tokenizer)
+        headers = {}
+        if settings.api_key_env is not None:
+            key = os.environ.get(settings.api_key_env)
+            if not key:
+                raise RecipeError(
+                    f"rollout.server.api_key_env: the environment variable {settings.api_key_env} is not set"
+                )
+            headers["Authorization"] = f"Bearer {key}"
+        self._client = httpx.Client(base_url=self.url, timeout=settings.timeout_s, headers=headers)
+        self.tag = uuid.uuid4().hex[:8]  # this engine's names and folders
+        self.workdir = Path(adapter_dir).expanduser().absolute() / self.tag
+        server_dir = settings.server_adapter_dir or str(Path(adapter_dir).expanduser().absolute())
+        self.server_workdir = f"{server_dir.rstrip('/')}/{self.tag}"
+        self.base_model = self._check_server()
+        if reclaim:  # a folder this run owns: what an earlier engine of the run left (killed, or failed) goes
+            self._reclaim(server_dir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._closing = False
+        self.versions = AdapterVersions(serve_path, self.workdir, MAX_SERVED, load=self._load, unload=self._unload)
+        self.description = (
+            f"vLLM server {self.url} serving {self.base_model}; adapter versions written to {self.workdir} "
+            f"(the server reads {self.server_workdir})"
+        )
+
+    @classmethod
+    def from_recipe(cls, recipe: RecipeConfig, base: Any, model: torch.nn.Module) -> VLLMServerEngine:
+        """The run's engine: `rollout.server` of the first stage (the same in every stage) and the loaded base."""
+        settings = recipe.stages[0].rollout.server
+        if settings.adapter_dir is not None:  # possibly shared with other runs: only this engine's part is touched
+            return cls(model, base.tokenizer, settings, settings.adapter_dir, base.path)
+        return cls(model, base.tokenizer, settings, Path(recipe.output_dir) / ADAPTER_DIR, base.path, reclaim=True)
+
+    # ---- the RolloutEngine protocol
+
+    def sync_adapters(self, names: list[str]) -> None:
+        """Snapshot the current weights of these adapters; the next rollout under them loads the new version."""
+        self.versions.sync(self.model, names)
+
+    def generate(
+        self, prompts: list[list[int]], adapters: list[str] | None, params: SamplingParams
+    ) -> list[list[Completion]]:
+        served = self.versions.prepare(self.model, adapters)
+        model_name = self.base_model if served is None else served.handle
+        bodies = [
+            self._completion_body(model_name, p, params, params.seed + i * params.n) for i, p in enumerate(prompts)
+        ]
+        with ThreadPoolExecutor(max_workers=max(1, min(MAX_IN_FLIGHT, len(bodies)))) as pool:
+            answers = list(pool.map(lambda body: self._request("POST", "/v1/completions", body), bodies))
+        return [self._group(prompt, answer, params) for prompt, answer in zip(prompts, answers)]
+
+    def sleep(self) -> None:
+        """Nothing to free here: the server's memory is its own."""
+
+    def wake(self) -> None:
+        """See `sleep`."""
+
+    def close(self) -> None:
+        """Unload every adapter version this engine loaded (best effort: the server may be gone) and delete them."""
+        self._closing = True
+        self.versions.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the adapter folder itself when no other engine uses it
+            self.workdir.parent.rmdir()
+        self._client.close()
+
+    # ---- what the server holds
+
+    def served_loras(self) -> dict[str, int]:
+        """Server-side name -> version id of every adapter version this engine has loaded."""
+        return {self._server_name(name): i for name, i in self.versions.served().items()}
+
+    def server_models(self) -> list[dict[str, Any]]:
+        """The server's `/v1/models` list: the base (parent None) and every loaded adapter."""
+        return self._request("GET", "/v1/models")["data"]
+
+    # ---- requests
+
+    def _completion_body(self, model: str, prompt: list[int], params: SamplingParams, seed: int) -> dict[str, Any]:
+        return {
+            "model": model,
+            "prompt": list(prompt),
+            "n": params.n,
+            "max_tokens": params.max_new_tokens,
+            "temperature": 0.0 if params.greedy else params.temperature,
+            "top_p": 1.0 if params.greedy else params.top_p,
+            "top_k": 0,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "seed": seed,
+            "stop_token_ids": self.stop_ids,
+            "logprobs": 0 if params.logprobs else None,  # the sampled token's logprob only
+            "return_token_ids": True,
+        }
+
+    def _group(self, prompt: list[int], answer: dict[str, Any], params: SamplingParams) -> list[Completion]:
+        group = []
+        for choice in sorted(answer["choices"], key=lambda c: c["index"]):
+            tokens = list(choice["token_ids"])
+            logprobs = None
+            if params.logprobs:
+                logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+                if len(logprobs) != len(tokens):
+                    raise RolloutServerError(
+                        f"rollout server {self.url}: {len(logprobs)} logprobs for {len(tokens)} tokens in a "
+                        "completion; is it a vLLM server?"
+                    )
+            group.append(
+                Completion(
+                    prompt_ids=list(prompt),
+                    token_ids=tokens,
+                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
+                    finish_reason="stop" if tokens and tokens[-1] in self.stop_ids else "length",
+                    logprobs=logprobs,
+                )
+            )
+        if len(group) != params.n:
+            raise RolloutServerError(f"rollout server {self.url}: {len(group)} completions for n={params.n}")
+        return group
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """The JSON (or text) answer of one request, retried on connection errors, timeouts and 5xx answers."""
+        import httpx
+
+        retries, problem = self.settings.retries, ""
+        for attempt in range(retries + 1):
+            if attempt:
+                time.sleep(self.settings.backoff_s * 2 ** (attempt - 1))
+            try:
+                response = self._client.request(method, path, json=body)
+            except httpx.TransportError as err:  # refused, reset, timed out, DNS
+                problem = f"{type(err).__name__}: {_one_line(str(err)) or 'no answer'}"
+                continue
+            if response.status_code >= 500:
+                problem = f"HTTP {response.status_code}: {_one_line(response.text)}"
+                continue
+            if response.status_code >= 400:
+                raise _refusal(self.url, method, path, response.status_code, response.text)
+            try:
+                return response.json()
+            except json.JSONDecodeError:
+                return response.text
+        tries = f"{retries + 1} attempt{'s' if retries else ''}"
+        raise RolloutServerError(
+            f"rollout server {self.url}: {method} {path} failed after {tries} ({problem}); check that the server "
+            "runs and answers at rollout.server.url (a run keeps its last checkpoint: rerun to resume)"
+        )
+
+    def _check_server(self) -> str:
+        """The base model's name on the server; fails early (one line) when the server is unreachable, does not
+        list the base asked for, or does not accept runtime LoRA loading."""
+        models = self.server_models()
+        bases = [m["id"] for m in models if m.get("parent") is None]
+        if self.settings.model is not None:
+            if self.settings.model not in bases:
+                raise RolloutServerError(
+                    f"rollout.server.model: the server at {self.url} serves {bases}, not {self.settings.model!r}"
+                )
+            base = self.settings.model
+        elif len(bases) == 1:
+            base = bases[0]
+        else:
+            raise RolloutServerError(
+                f"rollout.server.model: the server at {self.url} serves {len(bases)} base models {bases}; name one"
+            )
+        # an unknown name: 404 from the LoRA route when runtime loading is on, FastAPI's bare 404 when it is off
+        probe = self._client.post("/v1/unload_lora_adapter", json={"lora_name": f"adaptercl-probe-{self.tag}"})
+        if probe.status_code == 404 and probe.headers.get("content-type", "").startswith("application/json"):
+            if probe.json().get("detail") == "Not Found":
+                raise RolloutServerError(
+                    f"rollout server {self.url} does not accept runtime LoRA loading; {RUNTIME_LORA_HINT}"
+                )
+        return base
+
+    # ---- adapter versions on the server
+
+    def _reclaim(self, server_dir: str) -> None:
+        """Unload the adapters an earlier engine loaded from `server_dir` and delete its folders."""
+        prefix = f"{server_dir.rstrip('/')}/"
+        for entry in self.server_models():
+            if entry.get("parent") is not None and str(entry.get("root", "")).startswith(prefix):
+                self._request("POST", "/v1/unload_lora_adapter", {"lora_name": entry["id"]})
+        shutil.rmtree(self.workdir.parent, ignore_errors=True)
+
+    def _server_name(self, name: str) -> str:
+        return f"{name}.{self.tag}"
+
+    def _load(self, served: Served) -> str:
+        name = self._server_name(served.name)
+        path = f"{self.server_workdir}/{served.folder.name}"
+        self._request("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+        return name
+
+    def _unload(self, served: Served) -> None:
+        try:
+            self._request("POST", "/v1/unload_lora_adapter", {"lora_name": served.handle})
+        except RolloutServerError as err:
+            if not self._closing:
+                raise
+            log.warning("could not unload %s: %s", served.handle, err)
+
+
+def _refusal(url: str, method: str, path: str, status: int, text: str) -> RolloutServerError:
+    """A 4xx answer as one line, with what to change where the cause is known."""
+    try:
+        message = json.loads(text).get("error", {}).get("message") or text
+    except (json.JSONDecodeError, AttributeError):
+        message = text
+    message = _one_line(message)
+    hint = ""
+    if path.endswith("_lora_adapter") and status == 404 and "Not Found" in message:
+        hint = f"; {RUNTIME_LORA_HINT}"
+    elif "max_lora_rank" in message or "rank" in message.lower():
+        hint = "; restart the server with a larger --max-lora-rank (`adaptercl recipe serve` sets the recipe's)"
+    elif "No such file" in message or "not found" in message.lower() and path.endswith("load_lora_adapter"):
+        hint = (
+            "; the server must read rollout.server.adapter_dir (a shared path; see rollout.server.server_adapter_dir)"
+        )
+    return RolloutServerError(f"rollout server {url}: {method} {path} refused (HTTP {status}: {message}){hint}")
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

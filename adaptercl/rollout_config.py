@@ -1,0 +1,133 @@
+"""The `rollout:` block of the recipe grammar: how a stage samples its groups and which engine does it (`hf`, `vllm`
+in process, or `vllm_server`, a running vLLM server whose address is the nested `rollout.server` block). No torch
+import; `config.py` re-exports it. The engine fields (`ENGINE_FIELDS`) configure the run's one engine, so
+`RecipeConfig` checks that every stage agrees on them.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from adaptercl.method_config import ConfigBlock
+
+
+class RolloutServerConfig(ConfigBlock):
+    """Where the `vllm_server` engine finds its server (`adaptercl.rollout.vllm_server` says how to start one)."""
+
+    url: str | None = Field(
+        None,
+        description="Base URL of a running vLLM OpenAI-compatible server, e.g. http://10.0.0.2:8000 (a trailing /v1 "
+        "is allowed). Required by `rollout.engine: vllm_server`.",
+    )
+    model: str | None = Field(
+        None, description="The server's name for the base model; default: the one base model it lists (/v1/models)."
+    )
+    api_key_env: str | None = Field(
+        None,
+        description="Name of an environment variable holding the server's API key (`vllm serve --api-key`), sent as "
+        "a Bearer token; the key itself never goes into the recipe or the run directory.",
+    )
+    timeout_s: float = Field(600.0, gt=0.0, description="Seconds one HTTP request may take (a whole group's rollout).")
+    retries: int = Field(
+        3, ge=0, description="Retries of a request that failed to connect, timed out or got a 5xx answer."
+    )
+    backoff_s: float = Field(2.0, gt=0.0, description="Wait before the first retry; doubled before each further one.")
+    adapter_dir: str | None = Field(
+        None,
+        description="Where the combined adapter versions are written for the server to load: a folder the server "
+        "can read at `server_adapter_dir` (a shared filesystem when it runs on another host). Default: "
+        "<output_dir>/rollout-adapters.",
+    )
+    server_adapter_dir: str | None = Field(
+        None,
+        description="The same folder as the server sees it (a different mount point or container path); default: "
+        "adapter_dir's absolute path.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(f"must be an http(s) URL such as http://127.0.0.1:8000, got {url!r}")
+        try:
+            parts.port  # noqa: B018 - raises on a port that is not a number in 0-65535
+        except ValueError:
+            raise ValueError(f"the port of {url!r} is not a number in 0-65535") from None
+        return url.rstrip("/")
+
+
+class RolloutConfig(ConfigBlock):
+    engine: Literal["hf", "vllm", "vllm_server"] = Field(
+        "hf",
+        description="Rollout engine: plain transformers (reference), vLLM in this process, or a running vLLM "
+        "server (`rollout.server`) on other GPUs or hosts.",
+    )
+    group_size: int = Field(8, ge=1, description="Samples per prompt (G). SDFT uses 1 sample per prompt.")
+    max_new_tokens: int = Field(256, ge=1, description="Longest sampled response, in tokens.")
+    temperature: float = Field(1.0, gt=0.0, description="Sampling temperature; logits are divided by it in losses.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    batch_size: int = Field(64, ge=1, description="Sequences per generate call (hf engine).")
+    fold_lora: bool = Field(
+        True,
+        description="hf engine: while decoding, fold the active LoRA into a temporary copy of each float32 base "
+        "weight (exact to fp32 rounding; one extra copy of the adapted weights meanwhile). Quantised and "
+        "half-precision bases are never folded.",
+    )
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="vLLM: GPU memory fraction it may use.")
+    vllm_base: str | None = Field(
+        None,
+        description="vLLM: a rollout-side base (e.g. an AWQ checkpoint of the same model) when the vLLM "
+        "version cannot load the trainer's bitsandbytes base; rollouts become slightly off-policy.",
+    )
+    max_loras: int | None = Field(
+        None, ge=1, description="vLLM: GPU adapter slots (each request serves one combined adapter); default 2."
+    )
+    max_lora_rank: int | None = Field(
+        None,
+        ge=1,
+        description="vLLM: largest adapter rank served; default: the largest combined rank the recipe needs.",
+    )
+    enable_sleep_mode: bool = Field(
+        True, description="vLLM on CUDA: free the engine's GPU memory around each optimiser step (sleep level 1)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=1, description="vLLM: longest prompt + response in tokens; default the model's own, at most 8192."
+    )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="vLLM in process: GPUs the rollout engine shards the base over (vLLM's tensor parallelism). "
+        "The in-process engine has no data parallelism; serve replicas with `adaptercl serve --data-parallel-size` "
+        "and use `engine: vllm_server`.",
+    )
+    server: RolloutServerConfig = Field(default_factory=RolloutServerConfig)
+
+    @model_validator(mode="after")
+    def _check_server(self) -> RolloutConfig:
+        if self.engine == "vllm_server" and self.server.url is None:
+            raise ValueError(
+                "engine vllm_server needs server.url, the address of a running vLLM server "
+                "(e.g. http://127.0.0.1:8000)"
+            )
+        return self
+
+
+# Rollout fields that configure the run's one engine, so they must agree across stages.
+ENGINE_FIELDS = (
+    "engine",
+    "fold_lora",
+    "gpu_memory_utilization",
+    "vllm_base",
+    "max_loras",
+    "max_lora_rank",
+    "enable_sleep_mode",
+    "max_model_len",
+    "tensor_parallel_size",
+    "server",
+)
