@@ -16,7 +16,9 @@
                                                     serve an export with vLLM's OpenAI server, one LoRA per domain
 
 Every subcommand parses, calls one function and returns an exit code. Recipe and input problems
-(`RecipeError`) print one line `error: ...` and exit 2, never a traceback.
+(`RecipeError`) print one line `error: ...` and exit 2, never a traceback; a lost data-parallel rank
+(`distributed.RankLost`) prints one line and exits 1. `recipe run` under torchrun / accelerate launch trains
+data-parallel (`distributed.py`).
 """
 
 from __future__ import annotations
@@ -88,6 +90,13 @@ def main(argv: list[str] | None = None) -> int:
     except RecipeError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        from adaptercl.distributed import RankLost
+
+        if not isinstance(err, RankLost):
+            raise
+        print(f"error: {err}", file=sys.stderr)  # a data-parallel rank died or timed out: one line per survivor
+        return 1
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
