@@ -1,56 +1,64 @@
-"""`python -m adaptercl.cli ...` with a record of every write under ADAPTERCL_TEST_WATCH: a Python audit hook notes
-files opened for writing, folders made, renames and removals there, and at exit the list goes to
-ADAPTERCL_TEST_WRITES/rank-<RANK>.json (outside the watched folder). Used by tests/test_distributed.py."""
+"""One data-parallel rank of tests/test_distributed.py, forked from the test process (no second import of torch and
+transformers): the launcher's environment variables, a record of every write under the run directory (a Python
+audit hook noting files opened for writing, folders made, renames and removals there), then the real `run_recipe`.
+"""
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import sys
+from pathlib import Path
 
-WATCH = os.path.realpath(os.environ["ADAPTERCL_TEST_WATCH"])
-OUT = os.environ["ADAPTERCL_TEST_WRITES"]
 WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-writes: list[str] = []
+PATH_EVENTS = ("os.mkdir", "os.remove", "os.rmdir", "os.truncate", "shutil.rmtree", "os.unlink")
 
 
-def _watched(path) -> str | None:
-    if isinstance(path, int) or path is None:
-        return None
-    try:
+def watch_writes(folder: Path) -> list[str]:
+    """Start recording writes under `folder` in this process; returns the (growing) list of 'event path'."""
+    watch = os.path.realpath(folder)
+    writes: list[str] = []
+
+    def inside(path) -> str | None:
+        if path is None or isinstance(path, int):
+            return None
         full = os.path.realpath(os.fsdecode(path))
-    except (TypeError, ValueError):
-        return None
-    return full if full == WATCH or full.startswith(WATCH + os.sep) else None
+        return full if full == watch or full.startswith(watch + os.sep) else None
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            path, mode, flags = args
+            paths = [path] if (any(c in mode for c in "wax+") if mode else bool((flags or 0) & WRITE_FLAGS)) else []
+        elif event in PATH_EVENTS:
+            paths = [args[0]]
+        elif event == "os.rename":
+            paths = [args[0], args[1]]
+        else:
+            return
+        writes.extend(f"{event} {full}" for full in map(inside, paths) if full is not None)
+
+    sys.addaudithook(hook)
+    return writes
 
 
-def _hook(event: str, args: tuple) -> None:
-    if event == "open":
-        path, mode, flags = args
-        writing = any(c in (mode or "") for c in "wax+") if mode else bool((flags or 0) & WRITE_FLAGS)
-        paths = [path] if writing else []
-    elif event in ("os.mkdir", "os.remove", "os.rmdir", "os.truncate", "shutil.rmtree", "os.unlink"):
-        paths = [args[0]]
-    elif event == "os.rename":
-        paths = [args[0], args[1]]
-    else:
-        return
-    for p in paths:
-        full = _watched(p)
-        if full is not None:
-            writes.append(f"{event} {full}")
+def run_rank(rank: int, world_size: int, port: int, raw_recipe: dict, writes_dir: str) -> None:
+    """`torch.multiprocessing.start_processes` target: rank `rank` of a gloo run of `raw_recipe`."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        ADAPTERCL_DIST_TIMEOUT_S="120",
+    )  # as torchrun sets them
+    import torch
 
+    from adaptercl.config import resolve_recipe
+    from adaptercl.run import run_recipe
 
-def _dump() -> None:
-    os.makedirs(OUT, exist_ok=True)
-    with open(os.path.join(OUT, f"rank-{os.environ.get('RANK', '0')}.json"), "w") as f:
-        json.dump(writes, f)
-
-
-if __name__ == "__main__":
-    sys.addaudithook(_hook)
-    atexit.register(_dump)
-    from adaptercl.cli import main
-
-    sys.exit(main(sys.argv[1:]))
+    torch.set_num_threads(1)  # 2 ranks on a shared 2-core machine
+    writes = watch_writes(Path(raw_recipe["output_dir"]))
+    try:
+        run_recipe(resolve_recipe(raw_recipe))
+    finally:
+        Path(writes_dir, f"rank-{rank}.json").write_text(json.dumps(writes))
