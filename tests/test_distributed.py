@@ -120,15 +120,15 @@ def test_two_process_run_equals_one_process_run_and_only_rank_0_writes(tmp_path)
 DYING_RANK = """
 import os, sys, torch
 from adaptercl import distributed
-with distributed.process_group() as world:
-    distributed.barrier()
-    if world.rank == 1:
-        os._exit(3)
-    try:
+try:
+    with distributed.process_group() as world:  # left through its finally: the group is torn down, no hang
+        distributed.barrier()
+        if world.rank == 1:
+            os._exit(3)
         distributed.all_reduce_sum(torch.ones(1))
-    except distributed.RankLost as err:
-        print(f"error: {err}", file=sys.stderr)
-        os._exit(1)
+except distributed.RankLost as err:
+    print(f"error: {err}", file=sys.stderr)  # what the CLI prints
+    sys.exit(1)
 """
 
 
@@ -153,6 +153,7 @@ def test_a_rank_that_dies_ends_the_other_with_one_line(tmp_path):
     _, err0 = procs[0].communicate(timeout=90)
     procs[1].communicate(timeout=30)
     assert procs[1].returncode == 3 and procs[0].returncode == 1
-    lines = [line for line in err0.splitlines() if line.strip()]
+    assert "Traceback" not in err0
+    lines = [line for line in err0.splitlines() if line.startswith("error:")]  # (bitsandbytes may log a warning)
     assert len(lines) == 1 and lines[0].startswith("error: rank 0 of 2: all_reduce failed")
     assert "Rerun the same command to resume" in lines[0]
