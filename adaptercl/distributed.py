@@ -23,6 +23,13 @@ ADAPTERCL_DIST_TIMEOUT_S seconds (default 1800); that is raised as `RankLost`, o
 command resumes from the stage's last checkpoint. Departures from `torch.nn.parallel.DistributedDataParallel`: the
 gradients are reduced once per optimiser step (after all micro-batches), not bucketed during backward, and only the
 trainable adapter's; a stage's rollouts dominate its time, so overlapping the reduction would gain little.
+
+Same update as one process: with the same global batch, an N-rank step equals the 1-process step up to float32
+summation order when each rank's rows are whole hf generate batches (rollout.batch_size divides
+prompts_per_step / N x group_size; `rollout.hf.batch_seed`). Draws made over a rank's rows rather than the whole
+batch differ from one process's (an equally valid sample, not the same one): LoRA dropout, the distillation mask's
+`distill.mask_ratio` draw and the hybrid's high-entropy top-q selection; the logged distillation fractions are the
+mean over ranks. The in-process vllm engine is refused with N ranks (`run.check_world`).
 """
 
 from __future__ import annotations

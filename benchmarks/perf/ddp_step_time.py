@@ -1,10 +1,11 @@
 """Data-parallel step time on this machine: one process vs `torchrun --nproc-per-node 2` (gloo, CPU), same recipe and
 global batch, and the largest difference between the adapters they end with.
 
-Three runs of the same one-stage GRPO recipe (prompts_per_step 4 x group 2, rollout.batch_size 4 = one rank's rows,
-so both arrangements sample the same rows): 1 process with 1 thread, 1 process with 2 threads, 2 processes with 1
-thread each (`OMP_NUM_THREADS`). Timed: `time_step_s` of metrics.jsonl (rollout, reward, loss, backward, the
-gradient all-reduce, step); the first `--warmup` steps are left out. Results: results/ddp_step_time-<model>.json.
+Runs of the same one-stage GRPO recipe (prompts_per_step 4 x group 2, rollout.batch_size 4 = one rank's rows, so
+both arrangements sample the same rows): 1 process with 1 thread and 2 processes with 1 thread each
+(`OMP_NUM_THREADS`; `--two-threads` adds 1 process with 2 threads, which oversubscribes a loaded 2-core machine).
+Timed: `time_step_s` of metrics.jsonl (rollout, reward, loss, backward, the gradient all-reduce, step); the first
+`--warmup` steps are left out. Results: results/ddp_step_time-<model>.json.
 
     python benchmarks/perf/ddp_step_time.py --model smollm2-135m-instruct --steps 4 --warmup 1
 """
@@ -60,11 +61,13 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--two-threads", action="store_true", help="also 1 process with 2 threads")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         runs = {
             name: run(name, p, t, args, Path(tmp))
             for name, p, t in (("1proc_1thread", 1, 1), ("1proc_2threads", 1, 2), ("2proc_1thread", 2, 1))
+            if args.two_threads or name != "1proc_2threads"
         }
         adapters = {
             k: load_file(str(r.pop("out") / "stage-01-one/adapter/adapter_model.safetensors")) for k, r in runs.items()
