@@ -32,7 +32,7 @@ _API: dict[str, str] = {
     "export_run": "adaptercl.export",
 }
 
-__all__ = ["__version__", *_API]
+__all__ = ["RecipeConfig", "RecipeError", "RunResult", "__version__", "export_run", "load_recipe", "run_recipe"]
 
 if TYPE_CHECKING:
     from adaptercl.config import RecipeConfig

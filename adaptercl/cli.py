@@ -19,7 +19,9 @@
 
 Every subcommand parses, calls one function and returns an exit code. Recipe and input problems
 (`RecipeError`) print one line `error: ...` and exit 2, never a traceback; a rollout server that is unreachable or
-fails (`RolloutServerError`) prints one line and exits 3 (the run keeps its last checkpoint: rerun to resume).
+fails (`RolloutServerError`) prints one line and exits 3 (the run keeps its last checkpoint: rerun to resume); a
+lost data-parallel rank (`distributed.RankLost`) prints one line and exits 1. `recipe run` under torchrun /
+accelerate launch trains data-parallel (`distributed.py`).
 """
 
 from __future__ import annotations
@@ -97,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     except RolloutServerError as err:
         print(f"error: {err}", file=sys.stderr)
         return 3
+    except RuntimeError as err:
+        from adaptercl.distributed import RankLost
+
+        if not isinstance(err, RankLost):
+            raise
+        print(f"error: {err}", file=sys.stderr)  # a data-parallel rank died or timed out: one line per survivor
+        return 1
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

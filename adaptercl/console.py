@@ -8,6 +8,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from adaptercl.config import RecipeConfig
+from adaptercl.distributed import launched_world
 from adaptercl.run import RunResult, run_recipe
 
 
@@ -22,6 +23,9 @@ def accuracy_table(result: RunResult, stage_names: list[str]) -> Table:
 
 
 def run_with_progress(recipe: RecipeConfig, console: Console | None = None) -> RunResult:
+    """Run the recipe with progress bars and the accuracy table; the other data-parallel ranks run silently."""
+    if not launched_world().is_main:
+        return run_recipe(recipe)
     console = console or Console(stderr=True)
     progress = Progress(
         TextColumn("{task.description}"),

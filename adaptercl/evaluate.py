@@ -2,6 +2,8 @@
 
 A domain's accuracy is the fraction of its eval examples whose greedy completion the domain's reward marks
 `correct`. `eval.json` keeps, per domain, accuracy, mean reward, the count and a few sample completions.
+Under data-parallel ranks (`distributed.py`) each rank decodes a contiguous share of the examples and every rank
+gathers all of them, in order, so the row is computed from the same list as with one process.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Callable
 
 from transformers import PreTrainedTokenizerBase
 
+from adaptercl import distributed
 from adaptercl.batching import encode_chat
 from adaptercl.domains import Domain
 from adaptercl.rollout import RolloutEngine, SamplingParams
@@ -26,18 +29,20 @@ def evaluate_domain(
     limit: int,
 ) -> dict:
     examples = domain.eval[:limit]
-    prompts = [encode_chat(tokenizer, ex.messages) for ex in examples]
+    lo, hi = distributed.shard_bounds(len(examples))  # this rank's share (all of them for 1 process)
+    prompts = [encode_chat(tokenizer, ex.messages) for ex in examples[lo:hi]]
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, n=1)
-    completions = [g[0] for g in engine.generate(prompts, adapters, params)]
-    results = [domain.reward(c.text, ex) for c, ex in zip(completions, examples)]
+    completions = [g[0] for g in engine.generate(prompts, adapters, params)] if prompts else []
+    mine = [(c, domain.reward(c.text, ex)) for c, ex in zip(completions, examples[lo:hi])]
+    records = distributed.gather_lists([(c.text, len(c.token_ids), r.score, r.correct) for c, r in mine])
     return {
-        "accuracy": sum(r.correct for r in results) / len(results),
-        "reward_mean": sum(r.score for r in results) / len(results),
-        "n": len(results),
-        "mean_response_tokens": sum(len(c.token_ids) for c in completions) / len(completions),
+        "accuracy": sum(correct for *_, correct in records) / len(records),
+        "reward_mean": sum(score for _, _, score, _ in records) / len(records),
+        "n": len(records),
+        "mean_response_tokens": sum(n_tokens for _, n_tokens, _, _ in records) / len(records),
         "samples": [
-            {"id": ex.id, "completion": c.text, "correct": r.correct}
-            for ex, c, r in list(zip(examples, completions, results))[:SAMPLES_KEPT]
+            {"id": ex.id, "completion": text, "correct": correct}
+            for ex, (text, _, _, correct) in list(zip(examples, records))[:SAMPLES_KEPT]
         ],
     }
 

@@ -3,7 +3,8 @@
 What lives here (shapes: N sequences = prompts x group size, T response positions, V vocabulary):
 
 - GRPO: `group_advantages`, `zero_variance_group_fraction`, `clipped_policy_loss`, `k3_kl`.
-- Aggregation: `aggregate` (token values -> one number) and `micro_batch_aggregate` (a micro-batch's share of it).
+- Aggregation: `aggregate` (token values -> one number), `micro_batch_aggregate` (a micro-batch's share of it) and
+  `aggregate_denominator` (what it divides by; summed over data-parallel ranks).
 - SDPO / SDFT distillation: `distillation_divergence` (full / top-k / sampled-token support), `importance_weights`,
   `distillation_token_mask`, `trust_region_teacher_logits`.
 - Shared pieces: `gather_logprobs`, `token_entropy`.
@@ -159,25 +160,42 @@ def aggregate(token_values: Tensor, mask: Tensor, mode: Aggregation, max_len: in
 
 
 def micro_batch_aggregate(
-    token_values: Tensor, mask: Tensor, batch_mask: Tensor, mode: Aggregation, max_len: int | None = None
+    token_values: Tensor,
+    mask: Tensor,
+    batch_mask: Tensor,
+    mode: Aggregation,
+    max_len: int | None = None,
+    denominator: Tensor | None = None,
 ) -> Tensor:
     """A micro-batch's share of the whole batch's aggregated loss: summed over the micro-batches of a batch, these
     give `aggregate` of the whole batch, so any `grad_accum` makes the same update.
 
     token_values, mask [n, T] are the micro-batch's rows; batch_mask [N, T] is the whole batch's mask (its global
     denominator: tokens, sequences with a token, or sequences). With batch_mask = mask it is `aggregate` itself.
+    `denominator` overrides `aggregate_denominator(batch_mask, mode)` when the batch spans more rows than this
+    process holds (data-parallel ranks: the sum of every rank's denominator, `distributed.py`).
     """
-    return micro_batch_share(mask, batch_mask, mode) * aggregate(token_values, mask, mode, max_len)
+    return micro_batch_share(mask, batch_mask, mode, denominator) * aggregate(token_values, mask, mode, max_len)
 
 
-def micro_batch_share(mask: Tensor, batch_mask: Tensor, mode: Aggregation) -> Tensor:
+def micro_batch_share(
+    mask: Tensor, batch_mask: Tensor, mode: Aggregation, denominator: Tensor | None = None
+) -> Tensor:
     """Factor on a micro-batch's aggregated loss such that the micro-batch terms sum to the whole batch's loss."""
+    total = aggregate_denominator(batch_mask, mode) if denominator is None else denominator
+    return aggregate_denominator(mask, mode) / total.clamp(min=1)
+
+
+def aggregate_denominator(mask: Tensor, mode: Aggregation) -> Tensor:
+    """What `aggregate` divides by over the rows of `mask` [N, T]: tokens (token_mean), sequences with a token
+    (seq_mean_token_mean) or sequences (the other modes). Additive over disjoint sets of rows, so a batch split
+    over processes has the sum of theirs."""
     if mode == "token_mean":
-        return mask.sum() / batch_mask.sum().clamp(min=1.0)
+        return mask.sum()
     if mode == "seq_mean_token_mean":  # sequences without a token are left out of the mean (see `aggregate`)
-        return (mask.sum(-1) > 0).sum() / (batch_mask.sum(-1) > 0).sum().clamp(min=1)
+        return (mask.sum(-1) > 0).sum()
     # seq_mean_token_mean_all, seq_mean_token_sum_norm: mean over all sequences, those without a token included
-    return torch.tensor(mask.shape[0] / batch_mask.shape[0])
+    return torch.tensor(float(mask.shape[0]), device=mask.device)
 
 
 # ------------------------------------------------------------------------------------------ per-token quantities

@@ -16,15 +16,17 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from adaptercl import adapters as ad
+from adaptercl import distributed
 from adaptercl.adapter_merge import init_adapter_from_merge
 from adaptercl.checkpoint import has_checkpoint
-from adaptercl.config import AdapterInitConfig, RecipeConfig
+from adaptercl.config import AdapterInitConfig, RecipeConfig, RecipeError
 from adaptercl.continual import AdapterPlan, plan_adapters
 from adaptercl.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
 from adaptercl.domains import load_domain
@@ -37,7 +39,7 @@ from adaptercl.model import load_base
 from adaptercl.preflight import preflight
 from adaptercl.report import write_report
 from adaptercl.rollout.hf import HFEngine
-from adaptercl.run_dir import BEFORE_DIR, RunDir
+from adaptercl.run_dir import BEFORE_DIR, RunDir, StageDir
 from adaptercl.stage import run_stage
 from adaptercl.stage_context import StageContext, step_seed
 from adaptercl.teacher import create_teacher
@@ -55,11 +57,38 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     """Run (or resume) every stage of `recipe`; return the accuracy matrix. `on_event(kind, **info)` is told of
     progress: load (before the base loads), model (loaded), engine, eval (done of total domains, once at 0 before
     the first), drift (part parameter: done of total modules; part response: done of total domains), stage, step,
-    skip."""
-    notify = on_event or (lambda kind, **info: None)
+    skip.
+
+    Launched as N processes (torchrun, accelerate launch) it trains data-parallel (`distributed.py`): rank 0 alone
+    writes the run directory and reports events; the other ranks train, evaluate and measure alongside it."""
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
+    with distributed.process_group() as world:
+        check_world(recipe, world)
+        return _run_recipe(recipe, on_event if world.is_main else None, world)
+
+
+def check_world(recipe: RecipeConfig, world: distributed.World) -> None:
+    """One-line errors for a recipe that cannot run on `world.size` data-parallel ranks."""
+    if world.size == 1:
+        return
+    if recipe.stages[0].rollout.engine == "vllm":
+        raise RecipeError(
+            f"rollout.engine: vllm runs inside the trainer's process and is not supported with {world.size} "
+            "data-parallel ranks (WORLD_SIZE); use rollout.engine: hf, or launch one process"
+        )
+    for stage in recipe.stages:
+        if stage.optim.prompts_per_step % world.size:
+            raise RecipeError(
+                f"stages.{stage.name}.optim.prompts_per_step: {stage.optim.prompts_per_step} prompts cannot be split "
+                f"evenly over {world.size} data-parallel ranks (WORLD_SIZE); use a multiple of {world.size}"
+            )
+
+
+def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world: distributed.World) -> RunResult:
+    notify = on_event or (lambda kind, **info: None)
+    main = world.is_main
     run = RunDir(Path(recipe.output_dir), recipe)
-    run.claim()
+    distributed.on_main(run.claim)
     if run.is_finished():  # every stage is done: nothing to load, nothing to write
         for stage_dir in run.stages():
             notify("skip", stage=stage_dir.name)
@@ -70,7 +99,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     plans = plan_adapters(recipe)
     engines = Engines(recipe, notify)
     notify("load", model=recipe.model.name)
-    base = load_base(recipe.model, recipe.quantization)
+    base = load_base(recipe.model, recipe.quantization, world.device())
     notify("model", description=base.description)
     model, tok = base.model, base.tokenizer
     engines.base = base
@@ -105,8 +134,8 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
         return out
 
     if not run.before.is_done():
-        run.before.write_eval(evaluate(BEFORE_DIR, None))
-        run.before.mark_done({"adapters": []})
+        before = evaluate(BEFORE_DIR, None)  # sharded over the ranks, gathered on each
+        distributed.on_main(lambda: (run.before.write_eval(before), run.before.mark_done({"adapters": []})))
 
     for i, (stage, plan) in enumerate(zip(recipe.stages, plans)):
         stage_dir = run.stage(i)
@@ -116,9 +145,10 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
             continue
         inits = [s.adapter for s in recipe.stages[: i + 1]]
         model, init_report = _attach_stage_adapter(model, stage, plans[: i + 1], inits, recipe.seed)
-        stage_dir.path.mkdir(parents=True, exist_ok=True)
-        if not has_checkpoint(stage_dir.checkpoint):  # a fresh start; with a checkpoint the stage resumes
-            stage_dir.metrics.unlink(missing_ok=True)
+        if main:
+            stage_dir.path.mkdir(parents=True, exist_ok=True)
+            if not has_checkpoint(stage_dir.checkpoint):  # a fresh start; with a checkpoint the stage resumes
+                stage_dir.metrics.unlink(missing_ok=True)
         # the self-teacher starts from the student as it is now; saved with the stage, then removed from the model
         teacher = None
         if METHODS[stage.method].needs_teacher:
@@ -141,47 +171,63 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
             teacher=teacher,
         )
         lift_prompts = recipe.eval.teacher_lift_prompts
-        if teacher is not None and lift_prompts and not stage_dir.teacher_lift.is_file():  # before the first step
-            stage_dir.write_teacher_lift(teacher_lift(ctx, lift_prompts, recipe.eval_max_new_tokens))
+        needs_lift = teacher is not None and lift_prompts and not stage_dir.teacher_lift.is_file()
+        if distributed.broadcast_object(needs_lift):  # before the first step; every rank measures, rank 0 writes
+            lift = teacher_lift(ctx, lift_prompts, recipe.eval_max_new_tokens)
+            distributed.on_main(partial(stage_dir.write_teacher_lift, lift))
             notify("teacher_lift", stage=stage_dir.name, lift=stage_dir.read_teacher_lift())
         notify("stage", stage=stage_dir.name, steps=stage.optim.steps, method=stage.method, init=plan.init)
         t0 = time.perf_counter()
         final = run_stage(ctx)
         ad.set_trainable(model, None)
-        ad.save_adapter(model, plan.adapter, stage_dir.adapter)
-        if teacher is not None:
-            teacher.save(model, stage_dir.teacher)
-            teacher.remove(model)
         model_adapters = plan.model_adapters
-        combined = write_combined_adapter(model, model_adapters, stage_dir.combined_adapter)
-        stage_dir.write_eval(evaluate(stage_dir.name, model_adapters))
-        stage_dir.write_drift(drift(i, plan))
-        stage_dir.mark_done(
-            {
-                "adapters": model_adapters,  # the adapters making up the evaluated model, in order
-                "init": plan.init,
-                "init_merge": init_report,  # merge init: task vectors, weights, relative Frobenius error per module
-                "combined_adapter": combined,  # combined_adapter/: one PEFT adapter, ΔW = sum of `adapters`
-                "train_seconds": time.perf_counter() - t0,
-                "final_step": final,
-            }
-        )
-        shutil.rmtree(stage_dir.checkpoint, ignore_errors=True)  # the finished stage needs no resume point
+        combined: dict = {}
+        if main:  # every rank holds the same adapters; rank 0 writes them
+            ad.save_adapter(model, plan.adapter, stage_dir.adapter)
+            if teacher is not None:
+                teacher.save(model, stage_dir.teacher)
+            combined = write_combined_adapter(model, model_adapters, stage_dir.combined_adapter)
+        if teacher is not None:
+            teacher.remove(model)
+        stage_eval = evaluate(stage_dir.name, model_adapters)  # sharded over the ranks
+        stage_drift = drift(i, plan)  # whole on every rank (same weights, same seeds), written by rank 0
+        done = {
+            "adapters": model_adapters,  # the adapters making up the evaluated model, in order
+            "init": plan.init,
+            "init_merge": init_report,  # merge init: task vectors, weights, relative Frobenius error per module
+            "combined_adapter": combined,  # combined_adapter/: one PEFT adapter, ΔW = sum of `adapters`
+            "train_seconds": time.perf_counter() - t0,
+            "final_step": final,
+        }
+        distributed.on_main(partial(_finish_stage, stage_dir, stage_eval, stage_drift, done))
 
     engines.close()
     names = [d.name for d in recipe.domains]
-    accuracy = [[row[n]["accuracy"] for n in names] for row in [s.read_eval() for s in [run.before, *run.stages()]]]
-    run.write_summary(
-        {
-            "domains": names,
-            "stages": [BEFORE_DIR] + [s.name for s in run.stages()],
-            "accuracy": accuracy,
-            "stage_adapters": [[]] + [p.model_adapters for p in plans],
-            "cl_metrics": cl_metrics(accuracy, [names.index(s.domain) for s in recipe.stages]),
-        }
-    )
-    write_report(run.path)
+
+    def finish_run() -> None:
+        rows = [s.read_eval() for s in [run.before, *run.stages()]]
+        accuracy = [[row[n]["accuracy"] for n in names] for row in rows]
+        run.write_summary(
+            {
+                "domains": names,
+                "stages": [BEFORE_DIR] + [s.name for s in run.stages()],
+                "accuracy": accuracy,
+                "stage_adapters": [[]] + [p.model_adapters for p in plans],
+                "cl_metrics": cl_metrics(accuracy, [names.index(s.domain) for s in recipe.stages]),
+            }
+        )
+        write_report(run.path)
+
+    distributed.on_main(finish_run)
     return _result(run)
+
+
+def _finish_stage(stage_dir: StageDir, stage_eval: dict, stage_drift: dict, done: dict) -> None:
+    """Write a trained stage's evaluation, drift and done.json (last), and drop its resume point."""
+    stage_dir.write_eval(stage_eval)
+    stage_dir.write_drift(stage_drift)
+    stage_dir.mark_done(done)
+    shutil.rmtree(stage_dir.checkpoint, ignore_errors=True)  # the finished stage needs no resume point
 
 
 def _attach_stage_adapter(

@@ -14,8 +14,10 @@
 
 What the run hands a stage is `stage_context.StageContext`. The data order and sampling seeds are pure functions
 of (recipe seed, stage index, step), so a stage resumed from a checkpoint draws the same prompts as an
-uninterrupted one. The learning rate of a step is a pure function of the step and the rollbacks so far
-(`lr_schedule.learning_rate`: transformers' schedule factor times the guard's scale), set before each step.
+uninterrupted one. Under data-parallel ranks (`distributed.py`) each rank rolls out a contiguous share of the step's
+prompts (whole groups), the step's metrics are the whole step's, and rank 0 alone writes metrics and checkpoints.
+The learning rate of a step is a pure function of the step and the rollbacks so far (`lr_schedule.learning_rate`:
+transformers' schedule factor times the guard's scale), set before each step.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from adaptercl import losses
+from adaptercl import distributed, losses
 from adaptercl.adapters import lora_parameters
 from adaptercl.atomic import append_line, read_jsonl, write_text
 from adaptercl.batching import TokenBatch, build_batch, encode_chat
@@ -67,10 +69,11 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
     checkpoint_dir = files.checkpoint
     history: list[dict] = []  # this stage's step metrics, for the guard's rules
     step = 0
-    if has_checkpoint(checkpoint_dir):  # resume exactly where the last checkpoint left off
+    if distributed.broadcast_object(has_checkpoint(checkpoint_dir)):  # resume where the last checkpoint left off
         step, history = _restore(ctx, checkpoint_dir, optimizer, guard)
     else:
         _checkpoint(ctx, checkpoint_dir, optimizer, step, guard)
+    distributed.broadcast_tensors([p for n, p in model.named_parameters() if "lora_" in n])  # rank 0's adapters
     while step < stage.optim.steps:
         t0 = time.perf_counter()
         # ---- rollout: G samples for each prompt, from the current student (on top of frozen earlier adapters)
@@ -80,9 +83,11 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
         pairs = [(ctx.domain.train[i], ctx.domain) for i in indices] + replay_examples(
             ctx.replay_domains, n_replay, step_seed(ctx.recipe.seed, ctx.index, 3_000_000 + step)
         )  # (example, domain whose reward scores it)
+        lo, hi = distributed.shard_bounds(len(pairs))  # this rank's whole groups (all of them for 1 process)
+        pairs = pairs[lo:hi]
         examples = [ex for ex, _ in pairs]
         prompt_ids = [encode_chat(tok, ex.messages) for ex in examples]
-        params = rollout_sampling(stage, step_seed(ctx.recipe.seed, ctx.index, step))
+        params = rollout_sampling(stage, step_seed(ctx.recipe.seed, ctx.index, step), first_row=lo * group)
         groups = ctx.engine.generate(prompt_ids, ctx.policy_adapters, params)
         ctx.engine.sleep()  # vLLM on CUDA frees its memory for the training step (no-op elsewhere)
         completions = [c for g in groups for c in g]  # [N] group-contiguous, N = prompts x G
@@ -121,23 +126,25 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
                 ctx.teacher.update(model)
             ctx.engine.sync_adapters([ctx.student])  # adapter-only sync under a new name and id (no-op for hf)
 
-        # ---- log
+        # ---- log: the whole step's samples (every rank's, in order); train_stats are already the whole batch's
+        samples_log = distributed.gather_lists([_sample_record(c, r) for c, r in zip(completions, results)])
+        all_rewards = torch.tensor([s[0] for s in samples_log], dtype=torch.float32)  # [N of the whole step]
         last = {
             "step": step + 1,
-            "reward_mean": rewards.mean().item(),
-            "reward_std": rewards.std().item() if len(rewards) > 1 else 0.0,
-            "correct_frac": sum(r.correct for r in results) / len(results),
-            "replay_frac": n_replay / len(examples),
-            "zero_variance_groups": losses.zero_variance_group_fraction(rewards, group),
-            **(targets.stats if targets is not None else {}),
+            "reward_mean": all_rewards.mean().item(),
+            "reward_std": all_rewards.std().item() if len(all_rewards) > 1 else 0.0,
+            "correct_frac": sum(s[1] for s in samples_log) / len(samples_log),
+            "replay_frac": n_replay / per_step,
+            "zero_variance_groups": losses.zero_variance_group_fraction(all_rewards, group),
+            **(distributed.mean_dicts(targets.stats) if targets is not None else {}),
             **train_stats,
-            **_length_stats(completions),
+            **_length_stats(samples_log),
             **(ctx.teacher.stats() if ctx.teacher is not None else {}),
             "lr": lr,
             "time_rollout_s": t_rollout,
             "time_step_s": time.perf_counter() - t0,
         }
-        last["repetition_rate"] = sum(repeated_ngram_rate(c.token_ids) for c in completions) / len(completions)
+        last["repetition_rate"] = sum(s[4] for s in samples_log) / len(samples_log)
         if stage.monitor.drift_every and (step + 1) % stage.monitor.drift_every == 0:
             cfg = ctx.recipe.eval
             report = parameter_drift_report(
@@ -145,11 +152,12 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
             )
             drift = report["aggregate"]
             last.update({f"drift_{k}": v for k, v in drift.items() if k.endswith("_mean")})
+        last = distributed.broadcast_object(last)  # rank 0's record: every rank's guard decides on the same history
 
         # ---- collapse guard: warn; roll back to the last checkpoint with a smaller LR; or stop at that checkpoint
         alarms = guard.check([*history, last])
         action = guard.decide(alarms)
-        for alarm in alarms:
+        for alarm in alarms if distributed.is_main() else []:
             event = {"event": alarm.rule, "action": action, "step": step + 1, "message": alarm.message}
             append_line(metrics_path, json.dumps(event))
         if action in ("rollback", "stop"):  # back to the last good checkpoint; stop ends the stage there
@@ -158,7 +166,8 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
             if action == "stop":
                 break
             continue
-        append_line(metrics_path, json.dumps(last))
+        if distributed.is_main():
+            append_line(metrics_path, json.dumps(last))
         history.append(last)
         step += 1
         if ctx.on_step is not None:
@@ -172,13 +181,16 @@ def _checkpoint(ctx: StageContext, path: Path, optimizer, next_step: int, guard:
     teacher = ctx.teacher
     adapters = [ctx.student] + ([teacher.adapter] if teacher is not None and teacher.adapter else [])
     extra = {"rollbacks_used": guard.rollbacks_used, "teacher": teacher.state() if teacher is not None else None}
-    save_checkpoint(path, ctx.model, adapters, optimizer, next_step, extra)
+    if distributed.is_main():  # every rank holds the same weights and optimiser state; rank 0 writes them
+        save_checkpoint(path, ctx.model, adapters, optimizer, next_step, extra)
+    distributed.barrier()
 
 
 def _restore(ctx: StageContext, path: Path, optimizer, guard: CollapseGuard) -> tuple[int, list[dict]]:
     """Load the checkpoint (student, teacher, optimiser, RNG) and cut metrics.jsonl back to the checkpoint's step
     (alarm events are kept). The LR needs nothing: it is a function of the step and the guard's rollbacks.
-    Returns (next step, step history)."""
+    Returns (next step, step history). Every rank loads the checkpoint and reads the metrics; rank 0 rewrites them."""
+    distributed.barrier()  # rank 0's checkpoint and metric lines are all written
     rollbacks_used = guard.rollbacks_used  # a rollback has already counted itself; a resume reads it back
     state = load_checkpoint(path, ctx.model, optimizer)
     guard.rollbacks_used = max(rollbacks_used, state["rollbacks_used"])
@@ -187,7 +199,9 @@ def _restore(ctx: StageContext, path: Path, optimizer, guard: CollapseGuard) -> 
     next_step = state["next_step"]
     metrics_path = StageDir(ctx.stage_dir).metrics
     kept = [r for r in read_jsonl(metrics_path) if "event" in r or r["step"] <= next_step]
-    write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+    distributed.barrier()  # every rank has read metrics.jsonl before rank 0 rewrites it
+    if distributed.is_main():
+        write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
     return next_step, [r for r in kept if "event" not in r]
 
 
@@ -201,10 +215,15 @@ def _rollout_logprobs(completions: list[Completion], batch: TokenBatch) -> torch
     return out
 
 
-def _length_stats(completions: list[Completion]) -> dict[str, float]:
-    lengths = [len(c.token_ids) for c in completions]
+def _sample_record(c: Completion, r) -> tuple[float, bool, int, bool, float]:
+    """What the step's log needs of one sample: (reward, correct, length, truncated, repeated n-gram rate)."""
+    return (r.score, r.correct, len(c.token_ids), c.finish_reason == "length", repeated_ngram_rate(c.token_ids))
+
+
+def _length_stats(records: list[tuple[float, bool, int, bool, float]]) -> dict[str, float]:
+    lengths = [s[2] for s in records]
     return {
         "response_len_mean": sum(lengths) / len(lengths),
         "response_len_max": float(max(lengths)),
-        "truncated_frac": sum(c.finish_reason == "length" for c in completions) / len(completions),
+        "truncated_frac": sum(s[3] for s in records) / len(records),
     }

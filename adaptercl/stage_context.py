@@ -58,10 +58,10 @@ def prompts_for_step(n_train: int, per_step: int, recipe_seed: int, stage_index:
     return out
 
 
-def rollout_sampling(stage: StageConfig, seed: int) -> SamplingParams:
+def rollout_sampling(stage: StageConfig, seed: int, first_row: int = 0) -> SamplingParams:
     """How a stage samples its groups: `rollout.group_size` responses per prompt at the rollout temperature and
     top-p, seeded. The engine's own logprobs are asked for when it is not the hf engine (which samples from the
-    trained weights themselves: on-policy)."""
+    trained weights themselves: on-policy). `first_row`: a data-parallel rank's offset among the step's rows."""
     rollout = stage.rollout
     return SamplingParams(
         max_new_tokens=rollout.max_new_tokens,
@@ -70,4 +70,5 @@ def rollout_sampling(stage: StageConfig, seed: int) -> SamplingParams:
         n=rollout.group_size,
         seed=seed,
         logprobs=rollout.engine != "hf",
+        first_row=first_row,
     )

@@ -17,6 +17,10 @@ no distilled token (SDPO: no sibling succeeded and no feedback) has no gradient 
 gradient norm is NaN/inf makes no update either (`nonfinite_step` 1, as verl): the stage then leaves the teacher and
 the rollout engine as they are, and the collapse guard sees the non-finite `grad_norm`.
 
+Data-parallel ranks (`distributed.py`): each rank's batch is its share of the step's rows; every denominator above
+is the whole batch's (summed over ranks), so the ranks' losses sum to the 1-process loss, and the gradients are summed
+before clipping (the L2/orthogonality term is added on rank 0 only). Logged statistics are the whole batch's.
+
 Memory: `grad_accum` bounds the rows n_mb of a micro-batch. The per-token quantities (log-probs, entropies, KL to
 the previous stage, the divergence to the teacher) come from `chunked_logits.token_terms`: with
 `optim.logits_chunk_size` (auto: 1024 on CUDA) only a chunk of positions' full-vocabulary logits exists at a time,
@@ -31,7 +35,7 @@ import math
 
 import torch
 
-from adaptercl import losses
+from adaptercl import distributed, losses
 from adaptercl.adapters import active_adapters, lora_parameters
 from adaptercl.batching import TokenBatch
 from adaptercl.chunked_logits import (
@@ -65,7 +69,7 @@ def train_on_batch(
     """
     stage, model = ctx.stage, ctx.model
     spec = METHODS[stage.method]
-    if not spec.policy_term and targets is not None and targets.mask.sum() == 0:
+    if not spec.policy_term and targets is not None and _global_count(targets.mask, "token_mean") == 0:
         # Nothing to distil: no gradient, and no update either; a zero gradient would still move the weights through
         # AdamW's momentum, while a step over parameters without .grad changes nothing.
         optimizer.zero_grad(set_to_none=True)
@@ -74,14 +78,17 @@ def train_on_batch(
     temperature = stage.rollout.temperature
     n = batch.input_ids.shape[0]
     micro = math.ceil(n / stage.optim.grad_accum)
-    total_tokens = batch.response_mask.sum().clamp(min=1.0)
+    total_tokens = _global_count(batch.response_mask, "token_mean").clamp(min=1.0)
+    policy_denominator = _global_count(batch.response_mask, stage.grpo.aggregation)
+    distill_denominators = None if targets is None else _distill_denominators(targets.mask, stage.distill.aggregation)
     device = next(model.parameters()).device
     chunk = resolve_logits_chunk_size(stage.optim.logits_chunk_size, device)
     checkpointing = resolve_activation_checkpointing(stage.optim.activation_checkpointing, device)
     logp_old = None
     if stage.grpo.iterations > 1:  # off-policy passes need the rollout policy's logprobs
         logp_old = logprobs(model, batch, temperature, chunk)
-    sums: dict[str, float] = {}
+    sums: dict[str, float] = {}  # additive over data-parallel ranks (global denominators): summed at the end
+    shared: dict[str, float] = {}  # the same on every rank (computed from the reduced gradients or the weights)
     params = list(lora_parameters(model, ctx.student).values())
     for _ in range(stage.grpo.iterations):
         optimizer.zero_grad(set_to_none=True)
@@ -107,7 +114,7 @@ def train_on_batch(
             loss = logp.new_zeros(())
             if terms.kl_prev is not None:
                 loss = loss + regs.kl_weight * losses.micro_batch_aggregate(
-                    terms.kl_prev, mask, batch.response_mask, "token_mean"
+                    terms.kl_prev, mask, batch.response_mask, "token_mean", denominator=total_tokens
                 )
                 add_token_means(sums, {"kl_prev": terms.kl_prev.detach()}, mask, token_share)
             if spec.policy_term:
@@ -124,11 +131,18 @@ def train_on_batch(
                     stage.grpo.kl_coef,
                 )
                 loss = loss + losses.micro_batch_aggregate(
-                    per_token, mask, batch.response_mask, stage.grpo.aggregation, stage.rollout.max_new_tokens
+                    per_token,
+                    mask,
+                    batch.response_mask,
+                    stage.grpo.aggregation,
+                    stage.rollout.max_new_tokens,
+                    policy_denominator,
                 )
                 add_token_means(sums, stats, mask, token_share)
             if target_rows is not None:
-                loss = loss + _distillation(ctx, rows, target_rows, terms, old, mb_rollout_logp, targets, sums)
+                loss = loss + _distillation(
+                    ctx, rows, target_rows, terms, old, mb_rollout_logp, targets, distill_denominators, sums
+                )
             if loss.requires_grad:  # checkpointed layers replay their forward here, whatever the flag says now
                 loss.backward()
             with torch.no_grad():
@@ -136,18 +150,22 @@ def train_on_batch(
                 entropy = losses.aggregate(terms.entropy, mask, "token_mean")
                 _add(sums, "entropy", (entropy * token_share).item())
         param_loss, param_stats = regs.parameter_loss() if regs is not None else (None, {})
-        if param_loss is not None:  # L2 to the previous ΔW, O-LoRA orthogonality: once per pass
+        # L2 to the previous ΔW, O-LoRA orthogonality: once per pass, and on one rank only (its gradient is a
+        # function of the weights, the same on every rank, and the ranks' gradients are summed)
+        if param_loss is not None and distributed.is_main():
             param_loss.backward()
         for key, value in param_stats.items():
-            _add(sums, key, value)
+            _add(shared, key, value)
+        distributed.all_reduce_grads(params)  # the sum over ranks: every rank now steps identically
         grad_norm = torch.nn.utils.clip_grad_norm_(params, stage.optim.max_grad_norm).item()
-        _add(sums, "grad_norm", grad_norm)  # NaN/inf stays in the log: the guard's nonfinite rule acts on it
+        _add(shared, "grad_norm", grad_norm)  # NaN/inf stays in the log: the guard's nonfinite rule acts on it
         if math.isfinite(grad_norm):
-            _add(sums, "nonfinite_step", 0.0)
+            _add(shared, "nonfinite_step", 0.0)
             optimizer.step()
         else:  # no update from a NaN/inf gradient (as verl's dp_actor._optimizer_step); AdamW's state is untouched
-            _add(sums, "nonfinite_step", 1.0)
+            _add(shared, "nonfinite_step", 1.0)
             optimizer.zero_grad(set_to_none=True)
+    sums = {**distributed.sum_dicts(sums), **shared}
     stats = {k: v / stage.grpo.iterations for k, v in sums.items()}
     if targets is not None:
         stats["skipped_step"] = float(stats["nonfinite_step"] == 1.0)
@@ -162,10 +180,12 @@ def _distillation(
     old: torch.Tensor,
     rollout_logp: torch.Tensor | None,
     targets: DistillTargets,
+    denominators: tuple[torch.Tensor, torch.Tensor],
     sums: dict[str, float],
 ) -> torch.Tensor:
     """The weighted distillation term of one micro-batch (0 added when its weight is 0); logs its statistics.
-    `terms` holds the divergence on rows `target_rows` [n_t] of the micro-batch (those with a target)."""
+    `terms` holds the divergence on rows `target_rows` [n_t] of the micro-batch (those with a target);
+    `denominators` the batch-global (aggregation's denominator, distilled tokens) of `targets.mask`."""
     stage, distill = ctx.stage, ctx.stage.distill
     d_mask = targets.mask[rows][target_rows]  # [n_t, R]
     per_token, stats = weighted_distillation(
@@ -178,16 +198,30 @@ def _distillation(
     )  # [n_t, R]
     # targets.mask [N, R] is the whole batch's: under seq_mean_token_mean_all the N rows, those without a target
     # included, are the denominator (the rows left out here would add 0 to the numerator).
+    denominator, distilled_tokens = denominators
     distill_loss = losses.micro_batch_aggregate(
-        per_token, d_mask, targets.mask, distill.aggregation, stage.rollout.max_new_tokens
+        per_token, d_mask, targets.mask, distill.aggregation, stage.rollout.max_new_tokens, denominator
     )
     with torch.no_grad():
         _add(sums, "distill_loss", distill_loss.item())
-        add_token_means(sums, stats, d_mask, d_mask.sum() / targets.mask.sum())
+        add_token_means(sums, stats, d_mask, d_mask.sum() / distilled_tokens)
     weight = METHODS[stage.method].distill_weight(stage.hybrid)
     if weight > 0:  # hybrid with λ = 0: logged, not added (GRPO's update exactly)
         return weight * distill_loss
     return per_token.new_zeros(())
+
+
+def _global_count(mask: torch.Tensor, mode: losses.Aggregation) -> torch.Tensor:
+    """The batch-global denominator of `mode` over `mask` [N, T]: summed over data-parallel ranks, so the ranks'
+    losses (each over its own rows) sum to the loss of the whole batch."""
+    return distributed.all_reduce_sum(losses.aggregate_denominator(mask, mode))
+
+
+def _distill_denominators(mask: torch.Tensor, mode: losses.Aggregation) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the distillation aggregation's denominator, the distilled tokens) of the whole batch, in one all-reduce."""
+    local = torch.stack([losses.aggregate_denominator(mask, mode).to(mask.dtype), mask.sum()])  # [2]
+    total = distributed.all_reduce_sum(local)
+    return total[0], total[1]
 
 
 @torch.no_grad()

@@ -44,3 +44,7 @@ def test_version_is_the_installed_distributions_and_import_loads_no_torch():
     code = "import sys, adaptercl; adaptercl.load_recipe; print('torch' in sys.modules, adaptercl.__version__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", version("adaptercl")]
+
+
+def test_every_name_in_all_resolves():
+    assert all(getattr(adaptercl, name) is not None for name in adaptercl.__all__)

@@ -22,6 +22,9 @@ class SamplingParams:
     greedy: bool = False  # argmax decoding (temperature/top_p ignored)
     seed: int = 0
     logprobs: bool = False  # also return per-token logprobs of the sampled tokens under logits / temperature
+    # Index of this call's first row (prompt x n) among the step's rows: a data-parallel rank rolling out its share
+    # passes its offset, so the seeds a row is sampled with do not depend on how the rows are split over ranks.
+    first_row: int = 0
 
 
 @dataclass

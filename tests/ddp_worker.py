@@ -1,0 +1,64 @@
+"""One data-parallel rank of tests/test_distributed.py, forked from the test process (no second import of torch and
+transformers): the launcher's environment variables, a record of every write under the run directory (a Python
+audit hook noting files opened for writing, folders made, renames and removals there), then the real `run_recipe`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+PATH_EVENTS = ("os.mkdir", "os.remove", "os.rmdir", "os.truncate", "shutil.rmtree", "os.unlink")
+
+
+def watch_writes(folder: Path) -> list[str]:
+    """Start recording writes under `folder` in this process; returns the (growing) list of 'event path'."""
+    watch = os.path.realpath(folder)
+    writes: list[str] = []
+
+    def inside(path) -> str | None:
+        if path is None or isinstance(path, int):
+            return None
+        full = os.path.realpath(os.fsdecode(path))
+        return full if full == watch or full.startswith(watch + os.sep) else None
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            path, mode, flags = args
+            paths = [path] if (any(c in mode for c in "wax+") if mode else bool((flags or 0) & WRITE_FLAGS)) else []
+        elif event in PATH_EVENTS:
+            paths = [args[0]]
+        elif event == "os.rename":
+            paths = [args[0], args[1]]
+        else:
+            return
+        writes.extend(f"{event} {full}" for full in map(inside, paths) if full is not None)
+
+    sys.addaudithook(hook)
+    return writes
+
+
+def run_rank(rank: int, world_size: int, port: int, raw_recipe: dict, writes_dir: str) -> None:
+    """`torch.multiprocessing.start_processes` target: rank `rank` of a gloo run of `raw_recipe`."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        ADAPTERCL_DIST_TIMEOUT_S="120",
+    )  # as torchrun sets them
+    import torch
+
+    from adaptercl.config import resolve_recipe
+    from adaptercl.run import run_recipe
+
+    torch.set_num_threads(1)  # 2 ranks on a shared 2-core machine
+    writes = watch_writes(Path(raw_recipe["output_dir"]))
+    try:
+        run_recipe(resolve_recipe(raw_recipe))
+    finally:
+        Path(writes_dir, f"rank-{rank}.json").write_text(json.dumps(writes))

@@ -1,0 +1,159 @@
+"""Data-parallel training (`adaptercl/distributed.py`) on the CPU with gloo: a 2-process torchrun run equals a
+1-process run of the same recipe and global batch, only rank 0 writes, the global-denominator loss split over ranks
+sums to the 1-process loss, and a rank that dies ends the others with one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from adaptercl.config import RecipeError, resolve_recipe
+from adaptercl.distributed import World, shard_bounds
+from adaptercl.losses import aggregate, aggregate_denominator, micro_batch_aggregate
+from adaptercl.run import check_world, run_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+
+
+def ddp_recipe(out: Path) -> dict:
+    """Tiny GRPO stage: 4 prompts x group 2 per step = 8 rows, 4 per rank, generated in batches of 4 rows (so a
+    rank's share is whole generate batches and samples exactly the rows one process samples)."""
+    return {
+        "model": {"name": "tiny-random"},
+        "output_dir": str(out),
+        "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
+        "optim": {"lr": 5e-3, "steps": 2, "prompts_per_step": 4, "grad_accum": 2},
+        "rollout": {"group_size": 2, "max_new_tokens": 6, "batch_size": 4},
+        "eval": {"examples_per_domain": 3, "parameter_drift": False, "drift_probes": 2},
+        "domains": [{"name": "arith", "source": "builtin:arithmetic", "reward": "tiny_rewards:digit_fraction"}],
+        "stages": [{"name": "one", "domain": "arith"}],
+    }
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONPATH=os.pathsep.join([str(REPO), str(TESTS)]))
+    env.update(extra)
+    return env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize(
+    "mode", ["token_mean", "seq_mean_token_mean", "seq_mean_token_mean_all", "seq_mean_token_sum_norm"]
+)
+def test_ranks_losses_with_global_denominators_sum_to_the_one_process_loss(mode):
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(8, 5, generator=g, dtype=torch.float64)  # [N, T]
+    mask = (torch.rand(8, 5, generator=g) > 0.4).double()
+    mask[3] = 0.0  # a sequence without a token
+    whole = aggregate(values, mask, mode, max_len=5)
+    shares = [shard_bounds(8, World(rank=r, size=2)) for r in range(2)]
+    denominator = sum(aggregate_denominator(mask[lo:hi], mode) for lo, hi in shares)  # the all-reduced one
+    total = 0.0
+    for lo, hi in shares:  # each rank: two micro-batches of its rows, over the global denominator
+        for rows in (slice(lo, lo + 2), slice(lo + 2, hi)):
+            total = total + micro_batch_aggregate(values[rows], mask[rows], mask[lo:hi], mode, 5, denominator)
+    torch.testing.assert_close(total, whole, rtol=1e-6, atol=0)  # the share is float32
+    # with each rank's own denominator instead, the parts do not add up (the point of the all-reduce)
+    local = sum(micro_batch_aggregate(values[lo:hi], mask[lo:hi], mask[lo:hi], mode, 5) for lo, hi in shares)
+    assert not torch.isclose(local, whole)
+
+
+def test_prompts_per_step_must_split_evenly_over_the_ranks(tmp_path):
+    recipe = resolve_recipe({**ddp_recipe(tmp_path), "optim": {"prompts_per_step": 3}})
+    check_world(recipe, World(rank=0, size=1))
+    with pytest.raises(RecipeError, match=r"stages\.one\.optim\.prompts_per_step: 3 prompts .* multiple of 2"):
+        check_world(recipe, World(rank=0, size=2))
+
+
+def test_two_process_run_equals_one_process_run_and_only_rank_0_writes(tmp_path):
+    from ddp_worker import run_rank
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    run_recipe(resolve_recipe(ddp_recipe(one)))  # also fills the tiny-random cache before the 2 processes start
+    writes = tmp_path / "writes"
+    writes.mkdir()
+    # forked ranks (the test process's imports are inherited), gloo over the loopback address
+    args = (2, _free_port(), ddp_recipe(two), str(writes))
+    torch.multiprocessing.start_processes(run_rank, args=args, nprocs=2, start_method="fork")
+
+    stage = "stage-01-one"
+    a = load_file(str(one / stage / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(two / stage / "adapter" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and any(a[k].abs().max() > 0 for k in a if "lora_B" in k)  # it trained
+    largest = max((a[k] - b[k]).abs().max().item() for k in a)
+    print(f"largest adapter difference 1 vs 2 processes: {largest:.3g}")
+    for k in a:  # float32 summation order differs (padding, micro-batches, the all-reduce): 1 % of an Adam step
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=5e-3 * 1e-2)
+
+    m1 = [json.loads(line) for line in (one / stage / "metrics.jsonl").read_text().splitlines()]
+    m2 = [json.loads(line) for line in (two / stage / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in m2] == [1, 2]  # one writer: one line per step
+    for r1, r2 in zip(m1, m2):  # the step metrics are the whole step's, as with one process
+        for key in ("reward_mean", "reward_std", "correct_frac", "response_len_mean", "repetition_rate"):
+            assert r2[key] == r1[key], key
+        for key in ("loss", "grad_norm", "entropy"):  # float32 sums in another order
+            assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-6), key
+    e1, e2 = (json.loads((d / stage / "eval.json").read_text())["arith"] for d in (one, two))
+    assert e2["n"] == e1["n"] == 3 and e2["accuracy"] == e1["accuracy"]
+    assert (two / "summary.json").is_file() and (two / stage / "done.json").is_file()
+
+    rank0, rank1 = (json.loads((writes / f"rank-{r}.json").read_text()) for r in (0, 1))
+    assert rank1 == []  # rank 1 wrote nothing under the run directory
+    assert any("metrics.jsonl" in w for w in rank0) and any("summary.json" in w for w in rank0)
+
+
+DYING_RANK = """
+import os, sys, torch
+from adaptercl import distributed
+try:
+    with distributed.process_group() as world:  # left through its finally: the group is torn down, no hang
+        distributed.barrier()
+        if world.rank == 1:
+            os._exit(3)
+        distributed.all_reduce_sum(torch.ones(1))
+except distributed.RankLost as err:
+    print(f"error: {err}", file=sys.stderr)  # what the CLI prints
+    sys.exit(1)
+"""
+
+
+def test_a_rank_that_dies_ends_the_other_with_one_line(tmp_path):
+    port = str(_free_port())
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", DYING_RANK],
+            env=_env(
+                RANK=str(r),
+                WORLD_SIZE="2",
+                LOCAL_RANK=str(r),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                ADAPTERCL_DIST_TIMEOUT_S="30",
+            ),
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    _, err0 = procs[0].communicate(timeout=90)
+    procs[1].communicate(timeout=30)
+    assert procs[1].returncode == 3 and procs[0].returncode == 1
+    assert "Traceback" not in err0
+    lines = [line for line in err0.splitlines() if line.startswith("error:")]  # (bitsandbytes may log a warning)
+    assert len(lines) == 1 and lines[0].startswith("error: rank 0 of 2: all_reduce failed")
+    assert "Rerun the same command to resume" in lines[0]
