@@ -7,7 +7,8 @@ create its self-teacher when the method has one (and measure the teacher lift, `
 (`stage.run_stage`), save the adapter, the teacher and the combined adapter, evaluate every domain, measure drift,
 and write done.json last. Rerunning into the same directory skips finished stages (their adapters are loaded from
 disk), so a finished run is a no-op and an interrupted one continues with the first unfinished stage (mid-stage from
-its checkpoint). A different recipe is refused.
+its checkpoint). A recipe that appends stages or domains to the run's grows it (`run_growth.py`): only the new
+stages train, and the finished rows are completed with the new domains; any other different recipe is refused.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from adaptercl.model import load_base
 from adaptercl.preflight import preflight
 from adaptercl.report import write_report
 from adaptercl.rollout.hf import HFEngine
-from adaptercl.run_dir import BEFORE_DIR, RunDir
+from adaptercl.run_dir import BEFORE_DIR, RunDir, StageDir
 from adaptercl.stage import run_stage
 from adaptercl.stage_context import StageContext, step_seed
 from adaptercl.teacher import create_teacher
@@ -79,10 +80,19 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     def progress(kind: str, stage_name: str, **info: Any) -> Callable[[int, int], None]:  # on_module / on_domain
         return lambda done, total: notify(kind, stage=stage_name, done=done, total=total, **info)
 
-    def evaluate(stage_name: str, model_adapters: list[str] | None) -> dict:
+    def evaluate(stage_name: str, model_adapters: list[str] | None, only: list | None = None) -> dict:
         engine, n, max_tokens = engines.for_model(model), recipe.eval.examples_per_domain, recipe.eval_max_new_tokens
-        notify("eval", stage=stage_name, done=0, total=len(domains))
-        return evaluate_all(engine, tok, domains, model_adapters, max_tokens, n, progress("eval", stage_name))
+        todo = domains if only is None else only
+        notify("eval", stage=stage_name, done=0, total=len(todo))
+        return evaluate_all(engine, tok, todo, model_adapters, max_tokens, n, progress("eval", stage_name))
+
+    def complete_row(stage_dir: StageDir, model_adapters: list[str] | None) -> None:
+        """A grown run (`run_growth.py`): evaluate the domains it added on a finished stage's model."""
+        row = stage_dir.read_eval()
+        missing = [d for d in domains if d.name not in row]
+        if missing:
+            row.update(evaluate(stage_dir.name, model_adapters, missing))
+            stage_dir.write_eval({d.name: row[d.name] for d in domains})  # the recipe's domain order
 
     def drift(i: int, plan: AdapterPlan) -> dict:
         """Parameter and response drift vs the base, and the forward KL from the previous stage's policy."""
@@ -107,11 +117,13 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     if not run.before.is_done():
         run.before.write_eval(evaluate(BEFORE_DIR, None))
         run.before.mark_done({"adapters": []})
+    complete_row(run.before, None)
 
     for i, (stage, plan) in enumerate(zip(recipe.stages, plans)):
         stage_dir = run.stage(i)
         if stage_dir.is_done():  # finished earlier: bring its adapter back, frozen, and move on
             model = ad.load_adapter(model, stage_dir.adapter, plan.adapter)
+            complete_row(stage_dir, stage_dir.read_done()["adapters"])
             notify("skip", stage=stage_dir.name)
             continue
         inits = [s.adapter for s in recipe.stages[: i + 1]]

@@ -33,6 +33,7 @@ import yaml
 from adaptercl.atomic import write_json, write_text
 from adaptercl.config import RecipeConfig, RecipeError, resolve_recipe
 from adaptercl.recipe import resolved_yaml
+from adaptercl.run_growth import growth_refusal
 
 RECIPE_FILE = "recipe.resolved.yaml"
 SUMMARY_FILE = "summary.json"
@@ -149,8 +150,10 @@ class RunDir:
         return self.path / PLOTS_DIR
 
     def is_finished(self) -> bool:
-        """Every stage is done and the summary is written."""
-        return all(s.is_done() for s in self.stages()) and self.summary.is_file()
+        """Every stage is done and the summary is written, covering every domain (a grown run adds domains)."""
+        if not (all(s.is_done() for s in self.stages()) and self.summary.is_file()):
+            return False
+        return self.read_summary()["domains"] == [d.name for d in self.recipe.domains]
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json(self.summary, summary)
@@ -159,16 +162,24 @@ class RunDir:
         return json.loads(self.summary.read_text())
 
     def claim(self) -> None:
-        """Write recipe.resolved.yaml, or check that the directory holds a run of this same recipe."""
+        """Write recipe.resolved.yaml, or check that the directory holds a run of this same recipe or of one this
+        recipe extends (`run_growth.py`: stages and domains appended), which it then records as the run's."""
         text = resolved_yaml(self.recipe)
         existing = self.path / RECIPE_FILE
         if existing.is_file():
-            if existing.read_text() != text:
+            old_text = existing.read_text()
+            if old_text == text:
+                return
+            try:
+                old = resolve_recipe(yaml.safe_load(old_text))
+            except RecipeError:  # written by an older adaptercl whose grammar differs
                 raise RecipeError(
                     f"output_dir {str(self.path)!r} holds a run of a different recipe; choose another output_dir "
                     "(or delete that folder to start over)"
-                )
-            return
+                ) from None
+            refusal = growth_refusal(old, self.recipe)
+            if refusal is not None:
+                raise RecipeError(f"output_dir {str(self.path)!r} holds a run of a different recipe: {refusal}")
         write_text(existing, text)
 
 
