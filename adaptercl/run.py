@@ -86,6 +86,14 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
         notify("eval", stage=stage_name, done=0, total=len(todo))
         return evaluate_all(engine, tok, todo, model_adapters, max_tokens, n, progress("eval", stage_name))
 
+    def probe_lm_eval(stage_dir: StageDir, model_adapters: list[str] | None) -> None:
+        """eval.lm_eval.tasks: lm-eval's metrics on the model as evaluated (`lm_eval_probes.py`)."""
+        if recipe.eval.lm_eval.tasks and not stage_dir.lm_eval.is_file():
+            from adaptercl.lm_eval_probes import lm_eval_probes
+
+            notify("lm_eval", stage=stage_dir.name, tasks=list(recipe.eval.lm_eval.tasks))
+            stage_dir.write_lm_eval(lm_eval_probes(model, tok, model_adapters, recipe.eval.lm_eval))
+
     def complete_row(stage_dir: StageDir, model_adapters: list[str] | None) -> None:
         """A grown run (`run_growth.py`): evaluate the domains it added on a finished stage's model."""
         row = stage_dir.read_eval()
@@ -116,6 +124,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
 
     if not run.before.is_done():
         run.before.write_eval(evaluate(BEFORE_DIR, None))
+        probe_lm_eval(run.before, None)
         run.before.mark_done({"adapters": []})
     complete_row(run.before, None)
 
@@ -167,6 +176,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
         model_adapters = plan.model_adapters
         combined = write_combined_adapter(model, model_adapters, stage_dir.combined_adapter)
         stage_dir.write_eval(evaluate(stage_dir.name, model_adapters))
+        probe_lm_eval(stage_dir, model_adapters)
         stage_dir.write_drift(drift(i, plan))
         stage_dir.mark_done(
             {

@@ -1,7 +1,7 @@
 """The run directory: the one module that knows its layout, what "finished" means, and how a directory is claimed.
 
     recipe.resolved.yaml
-    stage-00-before/eval.json, done.json        row 0 of the accuracy matrix (before any training)
+    stage-00-before/eval.json, done.json        row 0 of the accuracy matrix (before any training); lm_eval.json
     stage-NN-<name>/adapter/                    this stage's own adapter (PEFT format)
                     combined_adapter/           one PEFT adapter whose ΔW is the sum of the adapters making up
                                                 the evaluated model (done.json "adapters"): ship this one
@@ -10,6 +10,7 @@
                     teacher_lift.json           sdpo/sdft/hybrid: the teacher's greedy accuracy with its context
                                                 minus the student's at stage start (`diagnostics.py`)
                     metrics.jsonl eval.json done.json
+                    lm_eval.json                eval.lm_eval.tasks: lm-eval's metrics per task (`lm_eval_probes`)
                     drift.json                  parameter and response drift vs the base; stage_kl: forward KL
                                                 from the previous stage's policy (`diagnostics.stage_kl`)
                     checkpoint/                 resume point while the stage runs (removed when done)
@@ -86,6 +87,10 @@ class StageDir:
         return self.path / "drift.json"
 
     @property
+    def lm_eval(self) -> Path:
+        return self.path / "lm_eval.json"
+
+    @property
     def teacher_lift(self) -> Path:
         return self.path / "teacher_lift.json"
 
@@ -104,6 +109,13 @@ class StageDir:
 
     def write_eval(self, row: dict[str, Any]) -> None:
         write_json(self.eval, row)
+
+    def write_lm_eval(self, result: dict[str, Any]) -> None:
+        write_json(self.lm_eval, result)
+
+    def read_lm_eval(self) -> dict[str, Any] | None:
+        """The lm-eval probe results (`lm_eval_probes.py`), or None where none were configured."""
+        return json.loads(self.lm_eval.read_text()) if self.lm_eval.is_file() else None
 
     def write_drift(self, drift: dict[str, Any]) -> None:
         write_json(self.drift, drift)
