@@ -13,13 +13,15 @@ generated-letter domain probes of `domains/datasets_formats.py`). `adaptercl eva
 
 Departures from the `lm_eval` command line: the model is lm-eval's HFLM wrapped around the already loaded PeftModel
 (no reload, a quantised base stays quantised), and the global random states that simple_evaluate reseeds are
-restored afterwards so a run's later stages do not depend on whether probes ran. Metric keys drop lm-eval's
+restored afterwards so a run's later stages do not depend on whether probes ran; its expected warnings (a model
+object, custom tasks' default aggregations) are silenced. Metric keys drop lm-eval's
 ",none" filter suffix (other filters stay as "metric,filter"). lm_eval is imported only here, inside functions.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import random
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -81,7 +83,7 @@ def lm_eval_probes(model: torch.nn.Module, tokenizer: Any, adapters: list[str] |
 
     was_training = model.training
     try:
-        with active_adapters(model, adapters), _restored_random_states():
+        with active_adapters(model, adapters), _restored_random_states(), _quiet_lm_eval():
             lm = HFLM(pretrained=model, tokenizer=tokenizer, batch_size=cfg.batch_size)
             out = lm_eval.simple_evaluate(
                 model=lm,
@@ -109,6 +111,18 @@ def lm_eval_probes(model: torch.nn.Module, tokenizer: Any, adapters: list[str] |
 
 def _metric_name(key: str) -> str:
     return key.removesuffix(",none")
+
+
+@contextmanager
+def _quiet_lm_eval() -> Iterator[None]:
+    """lm-eval warns that it got a model object and that custom tasks use default aggregations: expected here."""
+    logger = logging.getLogger("lm_eval")
+    level = logger.level
+    logger.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 @contextmanager

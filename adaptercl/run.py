@@ -28,7 +28,7 @@ from adaptercl.checkpoint import has_checkpoint
 from adaptercl.config import AdapterInitConfig, RecipeConfig
 from adaptercl.continual import AdapterPlan, plan_adapters
 from adaptercl.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
-from adaptercl.domains import load_domain
+from adaptercl.domains import Domain, load_domain
 from adaptercl.drift import BaseWeights, parameter_drift_report, response_drift
 from adaptercl.evaluate import evaluate_all
 from adaptercl.lora_factors import write_combined_adapter
@@ -55,8 +55,8 @@ class RunResult:
 def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None) -> RunResult:
     """Run (or resume) every stage of `recipe`; return the accuracy matrix. `on_event(kind, **info)` is told of
     progress: load (before the base loads), model (loaded), engine, eval (done of total domains, once at 0 before
-    the first), drift (part parameter: done of total modules; part response: done of total domains), stage, step,
-    skip."""
+    the first), drift (part parameter: done of total modules; part response: done of total domains), lm_eval (before
+    lm-eval's tasks run on a stage's model), stage, step, skip."""
     notify = on_event or (lambda kind, **info: None)
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
     run = RunDir(Path(recipe.output_dir), recipe)
@@ -80,7 +80,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     def progress(kind: str, stage_name: str, **info: Any) -> Callable[[int, int], None]:  # on_module / on_domain
         return lambda done, total: notify(kind, stage=stage_name, done=done, total=total, **info)
 
-    def evaluate(stage_name: str, model_adapters: list[str] | None, only: list | None = None) -> dict:
+    def evaluate(stage_name: str, model_adapters: list[str] | None, only: list[Domain] | None = None) -> dict:
         engine, n, max_tokens = engines.for_model(model), recipe.eval.examples_per_domain, recipe.eval_max_new_tokens
         todo = domains if only is None else only
         notify("eval", stage=stage_name, done=0, total=len(todo))
