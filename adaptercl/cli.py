@@ -11,6 +11,10 @@
                                                     the fields to change when it does not fit, and the wall time;
                                                     exit 0 when it fits, 1 when not (nothing is downloaded)
     adaptercl report RUN_DIR                        write RUN_DIR/report.md and plots/
+    adaptercl eval [RECIPE] [key=value ...] (--run RUN_DIR | --adapter DIR [--adapter DIR ...]) --out OUT
+                                                    evaluate a finished run's stages (default recipe: the run's
+                                                    own) or PEFT adapter folders on a recipe's domains and probes,
+                                                    without training: OUT/<label>/eval.json + summary.json
     adaptercl merge ADAPTER... --out DIR [--method ties --weights 1,-1 --density 0.2 --rank 16]
                                                     ΔW-space merge of PEFT adapter folders into one
     adaptercl export RUN_DIR --out DIR [--merged]   one PEFT adapter folder per domain + model cards + manifest
@@ -59,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
             _server_options(p)
     report = sub.add_parser("report", help="write report.md and plots for a run directory")
     report.add_argument("run_dir", help="a run directory (output_dir of a recipe)")
+    ev = sub.add_parser("eval", help="evaluate a finished run or PEFT adapter folders, without training")
+    ev.add_argument(
+        "file", nargs="?", help="recipe YAML: model, domains, eval settings (with --run: default the run's)"
+    )
+    ev.add_argument("overrides", nargs="*", help="key.path=value overrides of the recipe (or of the run's)")
+    source = ev.add_mutually_exclusive_group(required=True)
+    source.add_argument("--run", help="a finished run directory: every stage's model as the run evaluated it")
+    source.add_argument("--adapter", action="append", help="a PEFT adapter folder (repeat for several)")
+    ev.add_argument("--out", required=True, help="output folder (new or empty; written at the end)")
     merge = sub.add_parser("merge", help="ΔW-space merge of PEFT adapter folders, re-factorised to one adapter")
     merge.add_argument("adapters", nargs="+", help="PEFT adapter folders (adapter_config.json + safetensors)")
     merge.add_argument("--out", required=True, help="output folder (a PEFT adapter, written atomically)")
@@ -84,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(write_report(args.run_dir))
             return 0
+        if args.command == "eval":
+            return _eval(args)
         if args.command == "merge":
             return _merge(args)
         if args.command == "export":
@@ -138,6 +153,29 @@ def _recipe(args: argparse.Namespace) -> int:
     from adaptercl.console import run_with_progress
 
     run_with_progress(recipe)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from adaptercl.eval_only import evaluate_adapters, evaluate_run, format_summary
+    from adaptercl.recipe import load_recipe
+
+    if args.file is not None and "=" in args.file and not os.path.isfile(args.file):  # overrides, no recipe
+        args.file, args.overrides = None, [args.file, *args.overrides]
+    if args.file is None and args.run is not None and args.overrides:  # overrides of the run's own recipe
+        from adaptercl.run_dir import RECIPE_FILE
+
+        args.file = (
+            os.path.join(args.run, RECIPE_FILE) if os.path.isfile(os.path.join(args.run, RECIPE_FILE)) else None
+        )
+    if args.file is None and (args.adapter or args.overrides):
+        raise RecipeError("eval: name a recipe (its model, domains and eval settings) before overrides or --adapter")
+    recipe = load_recipe(args.file, args.overrides) if args.file is not None else None
+    if args.run is not None:
+        out = evaluate_run(args.run, args.out, recipe)
+    else:
+        out = evaluate_adapters(recipe, args.adapter, args.out)
+    print(format_summary(out))
     return 0
 
 

@@ -6,9 +6,36 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from adaptercl.method_config import ConfigBlock
+
+
+class LmEvalConfig(ConfigBlock):
+    """lm-evaluation-harness tasks scored after every stage (`lm_eval_probes.py`; the `lm-eval` extra)."""
+
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="lm-eval task or group names (e.g. arc_easy, boolq), run on the model after every stage and "
+        "before training; results in each stage's lm_eval.json and report.md. Empty = off. Checked against lm-eval's "
+        "task index before anything loads (a few seconds).",
+    )
+    include_path: str | None = Field(
+        None, description="A folder of custom lm-eval task YAML files (lm_eval --include_path), e.g. local data."
+    )
+    limit: int | None = Field(None, ge=1, description="Items per task (lm_eval --limit); default all.")
+    num_fewshot: int | None = Field(
+        None, ge=0, description="Few-shot examples (lm_eval --num_fewshot); default the task's."
+    )
+    batch_size: int = Field(8, ge=1, description="Log-likelihood requests per forward.")
+    seed: int = Field(0, description="lm-eval's random, NumPy, torch and few-shot seeds.")
+
+    @field_validator("tasks")
+    @classmethod
+    def _non_empty_names(cls, tasks: list[str]) -> list[str]:
+        if any(not t.strip() for t in tasks):
+            raise ValueError("task names must not be empty")
+        return tasks
 
 
 class EvalConfig(ConfigBlock):
@@ -25,6 +52,11 @@ class EvalConfig(ConfigBlock):
     drift_top_k: int = Field(8, ge=1, description="Parameter drift: k of the top-k singular subspaces (both methods).")
     retention_probes: list[str] = Field(
         default_factory=list, description="Domains evaluated after every stage but never trained."
+    )
+    lm_eval: LmEvalConfig = Field(
+        default_factory=LmEvalConfig,
+        description="lm-evaluation-harness retention probes (log-likelihood accuracy comparable with published "
+        "numbers), beside the generated-letter probes of retention_probes.",
     )
     teacher_lift_prompts: int = Field(
         16,

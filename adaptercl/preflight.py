@@ -7,7 +7,9 @@ what a recipe says; this checks it against this machine, each problem one `Recip
   folder with the split files, and its local `eval_file` exist (`domains.loading.check_domain`; URL and hub
   sources are not fetched here);
 - `rollout.engine: vllm` has vLLM installed (`vllm_server` needs none here; its server is first contacted when
-  the run starts, and its URL's form is the grammar's check).
+  the run starts, and its URL's form is the grammar's check);
+- `eval.lm_eval.tasks`: lm-eval is installed and knows every task (its include_path exists); this imports lm-eval
+  and reads its task index, a few seconds, only when tasks are set.
 
 `adaptercl recipe validate` and `run.run_recipe` call it. No torch import: validate stays well under a second
 (importing a user's reward module aside).
@@ -30,6 +32,10 @@ def preflight(recipe: RecipeConfig) -> None:
         check_domain(domain)
     if recipe.stages[0].rollout.engine == "vllm":  # one engine serves every stage (config checks they agree)
         require_vllm()
+    if recipe.eval.lm_eval.tasks:  # lm-eval's task index: a mistyped task fails here, not after stage 1
+        from adaptercl.lm_eval_probes import check_tasks
+
+        check_tasks(recipe.eval.lm_eval)
 
 
 def check_output_dir(output_dir: str) -> None:

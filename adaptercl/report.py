@@ -3,9 +3,10 @@
     adaptercl report RUN_DIR
 
 Sections: the accuracy matrix, the CL metrics, the stage-start teacher lift (where measured), each stage's KL from
-the previous policy next to the forgetting it caused (where measured), and each stage's last step. Plots: the
-accuracy-matrix heatmap, per-domain accuracy across stages, reward and teacher-student divergence curves per step,
-and parameter drift per stage (when `drift.json` files exist). The run writes the report automatically at its end;
+the previous policy next to the forgetting it caused (where measured), lm-eval's metrics per stage (where
+`eval.lm_eval.tasks` is set), and each stage's last step. Plots: the accuracy-matrix heatmap, per-domain accuracy
+across stages, reward and teacher-student divergence curves per step, and parameter drift per stage (when
+`drift.json` files exist). The run writes the report automatically at its end;
 it can be rebuilt at any time from a finished or partial run.
 """
 
@@ -42,7 +43,8 @@ def load_run(run_dir: str | Path) -> dict:
                 "teacher_lift": stage_dir.read_teacher_lift(),
             }
         )
-    return {"summary": summary, "stages": stages}
+    lm_eval = [StageDir(run_dir / name).read_lm_eval() for name in summary["stages"]]  # before + every stage
+    return {"summary": summary, "stages": stages, "lm_eval": lm_eval}
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -85,6 +87,7 @@ def _markdown(run: dict, has_drift: bool) -> str:
             lines.append(f"- {key}: {'n/a' if value is None else f'{value:.4f}'} — {definition}")
     lines += _teacher_lift_section(run["stages"])
     lines += _stage_kl_section(run)
+    lines += _lm_eval_section(run)
     lines += ["", "## Stages", ""]
     for stage in run["stages"]:
         last = stage["metrics"][-1] if stage["metrics"] else {}
@@ -97,6 +100,37 @@ def _markdown(run: dict, has_drift: bool) -> str:
     if has_drift:
         lines.append(f"![parameter drift](plots/{PLOTS[3]})")
     return "\n".join(lines) + "\n"
+
+
+def _lm_eval_section(run: dict) -> list[str]:
+    """lm-eval's metrics (value ± stderr) per stage, where eval.lm_eval.tasks was set (lm_eval.json)."""
+    results = run["lm_eval"]
+    first = next((r for r in results if r), None)
+    if first is None:
+        return []
+    columns = [
+        (task, metric)
+        for task, metrics in first["tasks"].items()
+        for metric, value in metrics.items()
+        if metric != "n" and "_stderr" not in metric and isinstance(value, (int, float))
+    ]
+    lines = ["", "## lm-eval probes", ""]
+    lines.append(
+        f"lm-evaluation-harness {first['lm_eval_version']} on the model after each stage (log-likelihood metrics, "
+        f"comparable with published lm-eval numbers); ± its standard error; limit {first['limit'] or 'none'}."
+    )
+    lines += ["", "| after | " + " | ".join(f"{t} {m}" for t, m in columns) + " |"]
+    lines.append("| --- |" + " ---: |" * len(columns))
+    for label, result in zip(run["summary"]["stages"], results):
+        cells = []
+        for task, metric in columns:
+            metrics = result["tasks"].get(task, {}) if result else {}
+            name, _, where = metric.partition(",")  # lm-eval's stderr of "m,filter" is "m_stderr,filter"
+            value, stderr = metrics.get(metric), metrics.get(f"{name}_stderr" + (f",{where}" if where else ""))
+            shown = "n/a" if value is None else f"{value:.3f}"
+            cells.append(shown + (f" ± {stderr:.3f}" if isinstance(stderr, (int, float)) else ""))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _teacher_lift_section(stages: list[dict]) -> list[str]:

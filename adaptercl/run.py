@@ -7,7 +7,8 @@ create its self-teacher when the method has one (and measure the teacher lift, `
 (`stage.run_stage`), save the adapter, the teacher and the combined adapter, evaluate every domain, measure drift,
 and write done.json last. Rerunning into the same directory skips finished stages (their adapters are loaded from
 disk), so a finished run is a no-op and an interrupted one continues with the first unfinished stage (mid-stage from
-its checkpoint). A different recipe is refused.
+its checkpoint). A recipe that appends stages or domains to the run's grows it (`run_growth.py`): only the new
+stages train, and the finished rows are completed with the new domains; any other different recipe is refused.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from adaptercl.checkpoint import has_checkpoint
 from adaptercl.config import AdapterInitConfig, RecipeConfig, RecipeError
 from adaptercl.continual import AdapterPlan, plan_adapters
 from adaptercl.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
-from adaptercl.domains import load_domain
+from adaptercl.domains import Domain, load_domain
 from adaptercl.drift import BaseWeights, parameter_drift_report, response_drift
 from adaptercl.evaluate import evaluate_all
 from adaptercl.lora_factors import write_combined_adapter
@@ -56,8 +57,8 @@ class RunResult:
 def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None) -> RunResult:
     """Run (or resume) every stage of `recipe`; return the accuracy matrix. `on_event(kind, **info)` is told of
     progress: load (before the base loads), model (loaded), engine, eval (done of total domains, once at 0 before
-    the first), drift (part parameter: done of total modules; part response: done of total domains), stage, step,
-    skip.
+    the first), drift (part parameter: done of total modules; part response: done of total domains), lm_eval (before
+    lm-eval's tasks run on a stage's model), stage, step, skip.
 
     Launched as N processes (torchrun, accelerate launch) it trains data-parallel (`distributed.py`): rank 0 alone
     writes the run directory and reports events; the other ranks train, evaluate and measure alongside it."""
@@ -108,10 +109,30 @@ def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world
     def progress(kind: str, stage_name: str, **info: Any) -> Callable[[int, int], None]:  # on_module / on_domain
         return lambda done, total: notify(kind, stage=stage_name, done=done, total=total, **info)
 
-    def evaluate(stage_name: str, model_adapters: list[str] | None) -> dict:
+    def evaluate(stage_name: str, model_adapters: list[str] | None, only: list[Domain] | None = None) -> dict:
         engine, n, max_tokens = engines.for_model(model), recipe.eval.examples_per_domain, recipe.eval_max_new_tokens
-        notify("eval", stage=stage_name, done=0, total=len(domains))
-        return evaluate_all(engine, tok, domains, model_adapters, max_tokens, n, progress("eval", stage_name))
+        todo = domains if only is None else only
+        notify("eval", stage=stage_name, done=0, total=len(todo))
+        return evaluate_all(engine, tok, todo, model_adapters, max_tokens, n, progress("eval", stage_name))
+
+    def probe_lm_eval(stage_dir: StageDir, model_adapters: list[str] | None) -> None:
+        """eval.lm_eval.tasks: lm-eval's metrics on the model as evaluated (`lm_eval_probes.py`)."""
+        if recipe.eval.lm_eval.tasks and not stage_dir.lm_eval.is_file():
+            from adaptercl.lm_eval_probes import lm_eval_probes
+
+            def probe() -> None:  # rank 0 alone: lm-eval runs whole there while the other ranks wait
+                notify("lm_eval", stage=stage_dir.name, tasks=list(recipe.eval.lm_eval.tasks))
+                stage_dir.write_lm_eval(lm_eval_probes(model, tok, model_adapters, recipe.eval.lm_eval))
+
+            distributed.on_main(probe)
+
+    def complete_row(stage_dir: StageDir, model_adapters: list[str] | None) -> None:
+        """A grown run (`run_growth.py`): evaluate the domains it added on a finished stage's model."""
+        row = stage_dir.read_eval()
+        missing = distributed.broadcast_object([d for d in domains if d.name not in row])  # rank 0's view
+        if missing:
+            row.update(evaluate(stage_dir.name, model_adapters, missing))  # sharded over the ranks
+            distributed.on_main(lambda: stage_dir.write_eval({d.name: row[d.name] for d in domains}))
 
     def drift(i: int, plan: AdapterPlan) -> dict:
         """Parameter and response drift vs the base, and the forward KL from the previous stage's policy."""
@@ -135,12 +156,16 @@ def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world
 
     if not run.before.is_done():
         before = evaluate(BEFORE_DIR, None)  # sharded over the ranks, gathered on each
-        distributed.on_main(lambda: (run.before.write_eval(before), run.before.mark_done({"adapters": []})))
+        distributed.on_main(lambda: run.before.write_eval(before))
+        probe_lm_eval(run.before, None)
+        distributed.on_main(lambda: run.before.mark_done({"adapters": []}))
+    complete_row(run.before, None)
 
     for i, (stage, plan) in enumerate(zip(recipe.stages, plans)):
         stage_dir = run.stage(i)
         if stage_dir.is_done():  # finished earlier: bring its adapter back, frozen, and move on
             model = ad.load_adapter(model, stage_dir.adapter, plan.adapter)
+            complete_row(stage_dir, stage_dir.read_done()["adapters"])
             notify("skip", stage=stage_dir.name)
             continue
         inits = [s.adapter for s in recipe.stages[: i + 1]]
@@ -190,6 +215,7 @@ def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world
         if teacher is not None:
             teacher.remove(model)
         stage_eval = evaluate(stage_dir.name, model_adapters)  # sharded over the ranks
+        probe_lm_eval(stage_dir, model_adapters)  # rank 0, before done.json
         stage_drift = drift(i, plan)  # whole on every rank (same weights, same seeds), written by rank 0
         done = {
             "adapters": model_adapters,  # the adapters making up the evaluated model, in order

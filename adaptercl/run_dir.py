@@ -1,7 +1,7 @@
 """The run directory: the one module that knows its layout, what "finished" means, and how a directory is claimed.
 
     recipe.resolved.yaml
-    stage-00-before/eval.json, done.json        row 0 of the accuracy matrix (before any training)
+    stage-00-before/eval.json, done.json        row 0 of the accuracy matrix (before any training); lm_eval.json
     stage-NN-<name>/adapter/                    this stage's own adapter (PEFT format)
                     combined_adapter/           one PEFT adapter whose ΔW is the sum of the adapters making up
                                                 the evaluated model (done.json "adapters"): ship this one
@@ -10,6 +10,7 @@
                     teacher_lift.json           sdpo/sdft/hybrid: the teacher's greedy accuracy with its context
                                                 minus the student's at stage start (`diagnostics.py`)
                     metrics.jsonl eval.json done.json
+                    lm_eval.json                eval.lm_eval.tasks: lm-eval's metrics per task (`lm_eval_probes`)
                     drift.json                  parameter and response drift vs the base; stage_kl: forward KL
                                                 from the previous stage's policy (`diagnostics.stage_kl`)
                     checkpoint/                 resume point while the stage runs (removed when done)
@@ -33,6 +34,7 @@ import yaml
 from adaptercl.atomic import write_json, write_text
 from adaptercl.config import RecipeConfig, RecipeError, resolve_recipe
 from adaptercl.recipe import resolved_yaml
+from adaptercl.run_growth import growth_refusal
 
 RECIPE_FILE = "recipe.resolved.yaml"
 SUMMARY_FILE = "summary.json"
@@ -85,6 +87,10 @@ class StageDir:
         return self.path / "drift.json"
 
     @property
+    def lm_eval(self) -> Path:
+        return self.path / "lm_eval.json"
+
+    @property
     def teacher_lift(self) -> Path:
         return self.path / "teacher_lift.json"
 
@@ -103,6 +109,13 @@ class StageDir:
 
     def write_eval(self, row: dict[str, Any]) -> None:
         write_json(self.eval, row)
+
+    def write_lm_eval(self, result: dict[str, Any]) -> None:
+        write_json(self.lm_eval, result)
+
+    def read_lm_eval(self) -> dict[str, Any] | None:
+        """The lm-eval probe results (`lm_eval_probes.py`), or None where none were configured."""
+        return json.loads(self.lm_eval.read_text()) if self.lm_eval.is_file() else None
 
     def write_drift(self, drift: dict[str, Any]) -> None:
         write_json(self.drift, drift)
@@ -149,8 +162,10 @@ class RunDir:
         return self.path / PLOTS_DIR
 
     def is_finished(self) -> bool:
-        """Every stage is done and the summary is written."""
-        return all(s.is_done() for s in self.stages()) and self.summary.is_file()
+        """Every stage is done and the summary is written, covering every domain (a grown run adds domains)."""
+        if not (all(s.is_done() for s in self.stages()) and self.summary.is_file()):
+            return False
+        return self.read_summary()["domains"] == [d.name for d in self.recipe.domains]
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json(self.summary, summary)
@@ -159,16 +174,24 @@ class RunDir:
         return json.loads(self.summary.read_text())
 
     def claim(self) -> None:
-        """Write recipe.resolved.yaml, or check that the directory holds a run of this same recipe."""
+        """Write recipe.resolved.yaml, or check that the directory holds a run of this same recipe or of one this
+        recipe extends (`run_growth.py`: stages and domains appended), which it then records as the run's."""
         text = resolved_yaml(self.recipe)
         existing = self.path / RECIPE_FILE
         if existing.is_file():
-            if existing.read_text() != text:
+            old_text = existing.read_text()
+            if old_text == text:
+                return
+            try:
+                old = resolve_recipe(yaml.safe_load(old_text))
+            except RecipeError:  # written by an older adaptercl whose grammar differs
                 raise RecipeError(
                     f"output_dir {str(self.path)!r} holds a run of a different recipe; choose another output_dir "
                     "(or delete that folder to start over)"
-                )
-            return
+                ) from None
+            refusal = growth_refusal(old, self.recipe)
+            if refusal is not None:
+                raise RecipeError(f"output_dir {str(self.path)!r} holds a run of a different recipe: {refusal}")
         write_text(existing, text)
 
 

@@ -1,0 +1,121 @@
+"""Growing a finished run by a stage and a domain (`run_growth.py`): only the new stage trains, the earlier rows gain
+the new domain, and the result equals the uninterrupted run; a changed earlier stage is refused naming the field."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+
+from adaptercl.config import RecipeError, resolve_recipe
+from adaptercl.run import run_recipe
+from adaptercl.run_growth import growth_refusal
+
+ARITH = {"name": "arith", "source": "builtin:arithmetic", "reward": "tiny_rewards:digit_fraction"}
+MCQ = {"name": "mcq", "source": "builtin:mcq", "reward": "tiny_rewards:digit_fraction"}
+ONE = {"name": "one", "domain": "arith"}
+TWO = {"name": "two", "domain": "mcq", "adapter": {"init": "new"}}
+
+
+def recipe(out, domains: list[dict], stages: list[dict], **overrides) -> dict:
+    raw = {
+        "model": {"name": "tiny-random"},
+        "output_dir": str(out),
+        "lora": {"r": 4, "alpha": 8},
+        "optim": {"lr": 5e-3, "steps": 1, "prompts_per_step": 2},
+        "rollout": {"group_size": 4, "max_new_tokens": 8},
+        "eval": {"examples_per_domain": 4, "drift_probes": 0, "stage_kl_prompts": 0},
+        "domains": copy.deepcopy(domains),
+        "stages": copy.deepcopy(stages),
+    }
+    raw.update(overrides)
+    return raw
+
+
+@pytest.fixture(scope="module")
+def grown(tmp_path_factory):
+    """A one-stage run on arith, then grown by the mcq domain and a stage training it; and the same two stages run
+    uninterrupted in another folder."""
+    out = tmp_path_factory.mktemp("grown")
+    run_recipe(resolve_recipe(recipe(out, [ARITH], [ONE])))
+    adapter = (out / "stage-01-one" / "adapter" / "adapter_model.safetensors").read_bytes()
+    before_row = json.loads((out / "stage-01-one" / "eval.json").read_text())
+    events = []
+    on_event = lambda kind, **info: events.append((kind, info.get("stage")))  # noqa: E731
+    result = run_recipe(resolve_recipe(recipe(out, [ARITH, MCQ], [ONE, TWO])), on_event=on_event)
+    fresh_out = tmp_path_factory.mktemp("fresh")
+    fresh = run_recipe(resolve_recipe(recipe(fresh_out, [ARITH, MCQ], [ONE, TWO])))
+    return out, adapter, before_row, events, result, fresh
+
+
+def test_growing_trains_only_the_new_stage(grown):
+    out, adapter, before_row, events, result, _ = grown
+    assert ("skip", "stage-01-one") in events and ("stage", "stage-02-two") in events
+    assert ("stage", "stage-01-one") not in events
+    assert (out / "stage-01-one" / "adapter" / "adapter_model.safetensors").read_bytes() == adapter  # untouched
+    assert (out / "stage-02-two" / "done.json").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["domains"] == ["arith", "mcq"] and len(summary["accuracy"]) == 3  # before + 2 stages
+    assert summary["stages"] == ["stage-00-before", "stage-01-one", "stage-02-two"]
+    assert summary["cl_metrics"]["fwt"] is not None  # the earlier rows hold the new domain: FWT is defined
+    row = json.loads((out / "stage-01-one" / "eval.json").read_text())
+    assert list(row) == ["arith", "mcq"] and row["arith"] == before_row["arith"]  # completed, not re-evaluated
+    assert "mcq" in json.loads((out / "stage-00-before" / "eval.json").read_text())
+    assert result.accuracy == summary["accuracy"]
+
+
+def test_grown_run_equals_the_uninterrupted_run(grown):
+    out, _, _, _, result, fresh = grown
+    assert result.accuracy == fresh.accuracy  # greedy evaluation, per-stage seeds: the same matrix
+    for stage in ("stage-00-before", "stage-01-one", "stage-02-two"):
+        grown_row = json.loads((out / stage / "eval.json").read_text())
+        fresh_row = json.loads((fresh.run_dir / stage / "eval.json").read_text())
+        assert grown_row == fresh_row
+
+
+def test_rerun_of_the_grown_recipe_is_a_no_op(grown):
+    out, *_ = grown
+    events = []
+    run_recipe(resolve_recipe(recipe(out, [ARITH, MCQ], [ONE, TWO])), on_event=lambda k, **i: events.append(k))
+    assert "step" not in events and "eval" not in events
+
+
+def test_a_changed_earlier_stage_is_refused_naming_the_field(grown):
+    out, *_ = grown
+    changed = recipe(out, [ARITH, MCQ], [{**ONE, "optim": {"lr": 1e-4}}, TWO])
+    with pytest.raises(RecipeError, match=r"stage 1 'one' differs from the run's: optim\.lr 0\.0001 here vs 0\.005"):
+        run_recipe(resolve_recipe(changed))
+    with pytest.raises(RecipeError, match="the run has 2 stages"):  # shrinking is not growing
+        run_recipe(resolve_recipe(recipe(out, [ARITH, MCQ], [ONE])))
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda r: r.update(seed=3), r"seed 3 here vs 0 in the run"),
+        (lambda r: r["domains"].reverse(), r"domains: item 1 is 'mcq' here but 'arith' in the run"),
+        (lambda r: r["domains"][0].update(num_train=20), r"domains\.arith differs .*num_train 20 here"),
+        (lambda r: r["eval"].update(examples_per_domain=5), r"eval\.examples_per_domain 5 here vs 4"),
+        (lambda r: r["stages"][1].update(domain="arith"), r"stage 2 'two' differs .*domain 'arith' here vs 'mcq'"),
+    ],
+)
+def test_growth_refusal_names_what_differs(tmp_path, change, named):
+    run = resolve_recipe(recipe(tmp_path, [ARITH, MCQ], [ONE, TWO]))
+    raw = recipe(tmp_path, [ARITH, MCQ], [ONE, TWO])
+    change(raw)
+    assert re.search(named, growth_refusal(run, resolve_recipe(raw)))
+
+
+def test_a_removed_domain_is_refused(tmp_path):
+    run = resolve_recipe(recipe(tmp_path, [ARITH, MCQ], [ONE]))
+    assert "domains: the run's mcq is missing" in growth_refusal(run, resolve_recipe(recipe(tmp_path, [ARITH], [ONE])))
+
+
+def test_appended_stage_and_domain_and_probe_are_growth(tmp_path):
+    run = resolve_recipe(recipe(tmp_path, [ARITH], [ONE]))
+    grown = recipe(tmp_path, [ARITH, MCQ], [ONE, TWO])
+    grown["eval"]["retention_probes"] = []
+    assert growth_refusal(run, resolve_recipe(grown)) is None
+    assert growth_refusal(run, run) is None
