@@ -29,7 +29,7 @@ def evaluate_domain(
     prompts = [encode_chat(tokenizer, ex.messages) for ex in examples]
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, n=1)
     completions = [g[0] for g in engine.generate(prompts, adapters, params)]
-    results = [domain.reward(c.text, ex) for c, ex in zip(completions, examples)]
+    results = domain.score([c.text for c in completions], [c.token_ids for c in completions], examples)
     return {
         "accuracy": sum(r.correct for r in results) / len(results),
         "reward_mean": sum(r.score for r in results) / len(results),
