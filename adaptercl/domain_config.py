@@ -84,8 +84,12 @@ class RewardFuncSpec(ConfigBlock):
 def template_fields(template: str) -> list[str]:
     """The column names a `prompt_template` uses, in order; ValueError for `{}`, `{0}`, `{a.b}`, `{a[0]}` or bad
     braces."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise ValueError(f"prompt_template: {err} (write {{{{ and }}}} for literal braces)") from None
     names = []
-    for _, name, spec, conversion in string.Formatter().parse(template):
+    for _, name, spec, conversion in parts:
         if name is None:
             continue
         if not name or name.isdigit() or not re.fullmatch(r"[^.\[\]]+", name) or spec or conversion:
