@@ -83,7 +83,10 @@ def test_a_row_missing_a_template_column_is_one_line_naming_file_row_and_column(
     ("kw", "message"),
     [
         ({"prompt_template": "{} and {0}"}, "must name a dataset column"),
-        ({"prompt_template": "{question", "reward": "choice_letter"}, "expected '}' before end of string \(write {{ and }}"),
+        (
+            {"prompt_template": "{question", "reward": "choice_letter"},
+            "expected '}' before end of string \(write {{ and }}",
+        ),
         ({"prompt_template": "{q}", "format": "gsm8k"}, "prompt_template needs the generic format"),
         ({"prompt_template": "{q}", "fields": {"prompt": "p"}}, "replaces fields.prompt"),
     ],
