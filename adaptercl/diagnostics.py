@@ -97,7 +97,7 @@ def teacher_lift(ctx: StageContext, num_prompts: int, max_new_tokens: int) -> di
     rollout = rollout_sampling(stage, step_seed(ctx.recipe.seed, ctx.index, LIFT_ROLLOUT_SEED))
     with isolated(ctx.model):
         completions = [c for g in ctx.engine.generate(prompt_ids, ctx.policy_adapters, rollout) for c in g]  # [N]
-        results = [domain.reward(c.text, ex) for c, ex in zip(completions, samples)]
+        results = domain.score([c.text for c in completions], [c.token_ids for c in completions], samples)
         shown = METHODS[stage.method].teacher_prompts(
             [ex.messages for ex in samples],
             [c.text for c in completions],
@@ -160,8 +160,9 @@ def greedy_correct(
     if not unique:
         return []
     answers = engine.generate([list(p) for p in unique], adapters, params)
-    texts = {p: g[0].text for p, g in zip(unique, answers)}
-    return [bool(domain.reward(texts[tuple(p)], ex).correct) for p, ex in zip(prompt_ids, examples)]
+    answer_of = {p: g[0] for p, g in zip(unique, answers)}
+    chosen = [answer_of[tuple(p)] for p in prompt_ids]
+    return [bool(r.correct) for r in domain.score([c.text for c in chosen], [c.token_ids for c in chosen], examples)]
 
 
 def lift_summary(

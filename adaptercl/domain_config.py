@@ -18,11 +18,12 @@ to mean a local folder for sure.
 from __future__ import annotations
 
 import re
+import string
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from adaptercl.method_config import ConfigBlock
 
@@ -65,6 +66,36 @@ def url_suffix(url: str) -> str:
 # problems of form (no answer found, malformed call) and a user reward's own feedback; "correctness" = also that
 # the answer is wrong and what was expected; "none" = never.
 FeedbackKind = Literal["format", "correctness", "none"]
+# How TRL-style rewards see prompts and completions: "conversational" = message lists, "standard" = strings; "auto"
+# follows each row's prompt as the source gave it (chat messages or a string), as TRL's GRPOTrainer does.
+RewardFormat = Literal["auto", "conversational", "standard"]
+
+
+class RewardFuncSpec(ConfigBlock):
+    """A TRL-style reward made by a factory: `func(**args)` returns the reward function."""
+
+    func: str = Field(
+        description="'pkg.module:function' (or TRL's dotted 'pkg.module.function') of a factory such as "
+        "trl.rewards:get_soft_overlong_punishment."
+    )
+    args: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the factory.")
+
+
+def template_fields(template: str) -> list[str]:
+    """The column names a `prompt_template` uses, in order; ValueError for `{}`, `{0}`, `{a.b}`, `{a[0]}` or bad
+    braces."""
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as err:
+        raise ValueError(f"prompt_template: {err} (write {{{{ and }}}} for literal braces)") from None
+    names = []
+    for _, name, spec, conversion in parts:
+        if name is None:
+            continue
+        if not name or name.isdigit() or not re.fullmatch(r"[^.\[\]]+", name) or spec or conversion:
+            raise ValueError(f"prompt_template: {{{name}}} must name a dataset column, as {{question}}")
+        names.append(name)
+    return names
 
 
 class DomainConfig(ConfigBlock):
@@ -82,7 +113,43 @@ class DomainConfig(ConfigBlock):
         description="generic format: dataset field for prompt, answer, demonstration, system (default: same name).",
     )
     reward: str | None = Field(
-        None, description="Reward name from the REWARDS table or 'pkg.module:function'; default: the format's own."
+        None,
+        description="Reward name from the REWARDS table or 'pkg.module:function'; default: the format's own. A user "
+        "function with TRL's signature (parameters prompts/completions/completion_ids or **kwargs) is used as "
+        "`reward_funcs: [it]`.",
+    )
+    reward_funcs: list[str | RewardFuncSpec] = Field(
+        default_factory=list,
+        description="TRL-style reward functions `f(prompts, completions, completion_ids, **columns) -> list[float "
+        "| None]`, as GRPOTrainer's reward_funcs: 'pkg.module:function', TRL's dotted 'pkg.module.function', a "
+        "name of trl.rewards (accuracy_reward, think_format_reward, reasoning_accuracy_reward), or {func, args} "
+        "for a factory. The sample's reward is the nansum of the weighted rewards (None = not applicable). "
+        "Replaces `reward`; the generic format's answer field is then optional.",
+    )
+    reward_weights: list[float] | None = Field(
+        None, description="One weight per reward_funcs entry (TRL's reward_weights); default: all 1.0."
+    )
+    reward_format: RewardFormat = Field(
+        "auto",
+        description="How reward_funcs see prompts and completions: 'conversational' (message lists; trl.rewards "
+        "functions need it), 'standard' (strings) or 'auto' (as the row's prompt was given, as TRL does).",
+    )
+    correct_threshold: float = Field(
+        1.0,
+        description="reward_funcs: a sample counts as correct (accuracy, correct_frac) when its weighted reward is "
+        ">= this; with 0/1 rewards and weight 1 on the task's accuracy reward, 1.0 means 'the answer was right'.",
+    )
+    prompt_template: str | None = Field(
+        None,
+        description="generic format: the user turn rendered from the row's columns, e.g. "
+        "'{question}\n\n{options}'; a dict or list column is rendered as lettered lines 'A. ...'. Replaces "
+        "fields.prompt.",
+    )
+    answer_options: str | None = Field(
+        None,
+        description="generic format: the column holding the options the answer column refers to; the answer (an "
+        "option letter, a 0-based index, a dict key or the option's text) becomes the option's letter, as "
+        "prompt_template renders it (score with reward: choice_letter).",
     )
     feedback: FeedbackKind | None = Field(
         None,
@@ -136,6 +203,30 @@ class DomainConfig(ConfigBlock):
         if unknown:
             raise ValueError(f"unknown keys {unknown}; allowed: prompt, answer, demonstration, system")
         return v
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _check_template(cls, v: str | None) -> str | None:
+        if v is not None:
+            template_fields(v)
+        return v
+
+    @model_validator(mode="after")
+    def _check_rewards_and_templates(self) -> DomainConfig:
+        if self.reward_funcs and self.reward is not None:
+            raise ValueError("give either reward (one native reward) or reward_funcs (TRL-style rewards), not both")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.reward_funcs):
+            raise ValueError(
+                f"reward_weights has {len(self.reward_weights)} weights for {len(self.reward_funcs)} reward_funcs; "
+                "give one weight per reward function"
+            )
+        generic = self.format in (None, "generic") and not self.source.startswith("builtin:")
+        for key in ("prompt_template", "answer_options"):
+            if getattr(self, key) is not None and not generic:
+                raise ValueError(f"{key} needs the generic format (a dataset source with format unset or generic)")
+        if self.prompt_template is not None and "prompt" in self.fields:
+            raise ValueError("prompt_template replaces fields.prompt: give one of them")
+        return self
 
     @field_validator("format_patterns")
     @classmethod

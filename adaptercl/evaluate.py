@@ -33,8 +33,11 @@ def evaluate_domain(
     prompts = [encode_chat(tokenizer, ex.messages) for ex in examples[lo:hi]]
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, n=1)
     completions = [g[0] for g in engine.generate(prompts, adapters, params)] if prompts else []
-    mine = [(c, domain.reward(c.text, ex)) for c, ex in zip(completions, examples[lo:hi])]
-    records = distributed.gather_lists([(c.text, len(c.token_ids), r.score, r.correct) for c, r in mine])
+    texts, ids = [c.text for c in completions], [c.token_ids for c in completions]
+    results = domain.score(texts, ids, examples[lo:hi]) if completions else []
+    records = distributed.gather_lists(
+        [(c.text, len(c.token_ids), r.score, r.correct) for c, r in zip(completions, results)]
+    )
     return {
         "accuracy": sum(correct for *_, correct in records) / len(records),
         "reward_mean": sum(score for _, _, score, _ in records) / len(records),

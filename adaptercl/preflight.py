@@ -3,7 +3,8 @@ what a recipe says; this checks it against this machine, each problem one `Recip
 
 - `output_dir` (or a folder above it) is not a file;
 - `model.name` spelled as a local path (`/`, `.`, `~`, `.gguf`) exists;
-- every domain: its builtin name, its reward (a user `pkg.module:function` is imported), its local source file or
+- every domain: its builtin name, its reward (a user `pkg.module:function` is imported; every `reward_funcs` entry
+  too, its signature checked as native or TRL-style), its local source file or
   folder with the split files, and its local `eval_file` exist (`domains.loading.check_domain`; URL and hub
   sources are not fetched here);
 - `rollout.engine: vllm` has vLLM installed (`vllm_server` needs none here; its server is first contacted when

@@ -34,6 +34,7 @@ from adaptercl.atomic import append_line, read_jsonl, write_text
 from adaptercl.batching import TokenBatch, build_batch, encode_chat
 from adaptercl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from adaptercl.distill_targets import distill_targets
+from adaptercl.domains.domain import score_samples
 from adaptercl.drift import parameter_drift_report
 from adaptercl.lr_schedule import learning_rate
 from adaptercl.methods import METHODS
@@ -96,7 +97,8 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
         t_rollout = time.perf_counter() - t0
 
         # ---- reward
-        results = [d.reward(c.text, ex) for c, ex, d in zip(completions, samples, sample_domains)]
+        texts, completion_ids = [c.text for c in completions], [c.token_ids for c in completions]
+        results = score_samples(texts, completion_ids, samples, sample_domains)  # each domain in one batch call
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)  # [N]
         advantages = losses.group_advantages(rewards, group, scale_by_std=stage.grpo.scale_rewards)  # [N]
         batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], tok.pad_token_id)

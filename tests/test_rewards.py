@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import random
 import string
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,51 @@ def test_boxed_math_on_math500_rows(shared_data):
 )
 def test_math_equal(pred, gold, equal):
     assert math_equal(pred, gold) is equal
+
+
+# Correct answers in set, interval, radical and other LaTeX forms that the checks before math-verify (normalised
+# strings and exact fractions: what math_equal did when math-verify was not installed) marked wrong, checked by
+# blocking its import; MATH-500 golds by unique_id. And two near misses that must stay wrong.
+MATH_VERIFY_CASES = [
+    ("\\{2,1\\}", "\\{1,2\\}", True),
+    ("\\sqrt{2}/2", "\\frac{\\sqrt2}{2}", True),
+    ("1/\\sqrt{3}", "\\frac{\\sqrt{3}}{3}", True),  # algebra/1519
+    ("[-2,7]", "x \\in [-2,7]", True),  # algebra/101
+    ("\\{-2, 1+\\sqrt5, 1-\\sqrt5\\}", "\\{1\\pm\\sqrt{5},-2\\}", True),  # intermediate_algebra/2015
+    ("(9,36)\\cup(0,9)", "(0,9) \\cup (9,36)", True),  # intermediate_algebra/1992
+    ("2\\pi+18", "18+2\\pi", True),  # geometry/686
+    ("\\sqrt{20}", "2\\sqrt{5}", True),  # intermediate_algebra/1797
+    ("(3,4)", "(3,4]", False),  # intermediate_algebra/558: the closed end matters
+    ("\\sqrt{3}/3", "\\sqrt{3}", False),
+]
+
+
+def math500_domain(tmp_path, golds: list[str]) -> Domain:
+    path = tmp_path / "math.jsonl"
+    rows = [{"problem": f"p{i}", "answer": g} for i, g in enumerate([*golds, "0"])]  # the last one trains
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    cfg = DomainConfig(name="math", source=str(path), format="math500", eval_file=str(path))
+    return load_domain(cfg, seed=0, num_eval=len(golds))
+
+
+def test_boxed_math_matches_latex_forms_through_math_verify(tmp_path):
+    """The code path a run takes: a math500 domain from a local file, scored by `Domain.score` on the main thread
+    (math-verify's signal timeouts on) and from a worker thread (no signal there: timeouts off, same verdicts)."""
+    domain = math500_domain(tmp_path, [gold for _, gold, _ in MATH_VERIFY_CASES])
+    texts = [f"So the answer is $\\boxed{{{pred}}}$." for pred, _, _ in MATH_VERIFY_CASES]
+    expected = [equal for _, _, equal in MATH_VERIFY_CASES]
+    assert [ex.answer for ex in domain.eval] == [gold for _, gold, _ in MATH_VERIFY_CASES]
+    assert [r.correct for r in domain.score(texts, [[]] * len(texts), domain.eval)] == expected
+    with ThreadPoolExecutor(1) as pool:
+        in_thread = pool.submit(domain.score, texts, [[]] * len(texts), domain.eval).result()
+    assert [r.correct for r in in_thread] == expected
+
+
+def test_math_verify_is_required_not_silently_skipped(monkeypatch):
+    assert math_equal("0.5", "\\frac{1}{2}")  # exact numbers need no math-verify
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # as if it were not installed
+    with pytest.raises(ImportError):
+        math_equal("\\{2,1\\}", "\\{1,2\\}")
 
 
 def test_last_boxed_nested_and_truncated():

@@ -11,3 +11,29 @@ def digit_fraction(text: str, example: Example) -> RewardResult:
 def poisoned(text: str, example: Example) -> RewardResult:
     """A reward that breaks training (NaN): the collapse guard must catch the non-finite loss at once."""
     return RewardResult(score=float("nan"), correct=False)
+
+
+# ---------------------------------------------------------------------------------------------------- TRL-style
+
+TRL_CALLS: list[dict] = []  # what `recorded` was given, one entry per call
+
+
+def recorded(prompts, completions, completion_ids, **kwargs) -> list[float | None]:
+    """A TRL-style reward that records its arguments and returns the row's `bonus` column (None where absent)."""
+    TRL_CALLS.append({"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **kwargs})
+    return [None if b is None else float(b) for b in kwargs.get("bonus", [None] * len(completions))]
+
+
+def text_length(completions, **kwargs) -> list[float]:
+    """A TRL-style reward for standard-format completions (strings): their length in characters."""
+    return [float(len(c)) for c in completions]
+
+
+def two_values(prompts, completions, completion_ids, **kwargs):
+    """A broken TRL-style reward: two values whatever the batch size."""
+    return [0.0, 1.0]
+
+
+def three_args(a, b, c):
+    """Neither a native nor a TRL reward."""
+    return 0.0

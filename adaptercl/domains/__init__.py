@@ -3,10 +3,10 @@
 A domain is built from one `DomainConfig` block of the recipe by `load_domain(cfg, seed, num_eval)`:
 
     domain = load_domain(recipe.domain("math"), seed=recipe.seed, num_eval=recipe.eval.examples_per_domain)
-    for ex in domain.train:                       # Example(id, messages, answer, demonstration)
-        text = tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=False)
-        ...
-        result = domain.reward(completion, ex)    # RewardResult(score, correct, feedback)
+    examples = domain.train[:4]                   # Example(id, messages, answer, demonstration, columns, ...)
+    texts = [tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=False) for ex in examples]
+    ...                                           # generate: completion texts and token ids
+    results = domain.score(completions, completion_ids, examples)  # [RewardResult(score, correct, feedback)]
 
 Sources (`cfg.source`):
 - `builtin:NAME` — procedural tasks generated from the seed, no download (`builtin.py`): arithmetic, mcq,
@@ -17,7 +17,9 @@ Sources (`cfg.source`):
   piqa, winogrande) or by `generic` with a field mapping (`cfg.fields`).
 
 The reward is `cfg.reward` when given (a name from `rewards.REWARDS` or `pkg.module:function`), otherwise the
-format's default; `rewards.py` holds the rewards and `answers.py` the reading of answers out of replies.
+format's default; `rewards.py` holds the rewards and `answers.py` the reading of answers out of replies. TRL-style
+reward functions (`cfg.reward_funcs` with `reward_weights`, TRL's signature) are batched: `trl_rewards.py`. A
+generic dataset's prompt may be rendered from its columns by `cfg.prompt_template` (`prompt_template.py`).
 `format_patterns` are regexes of this domain's own answer-format tokens; the drift monitor counts them in other
 domains' responses to measure format leakage.
 
@@ -25,7 +27,7 @@ The data types (`Example`, `RewardResult`, `RewardFn`, `Domain`) live in `domain
 import them from there, and this file only re-exports them with `load_domain`.
 """
 
-from adaptercl.domains.domain import Domain, Example, RewardFn, RewardResult
+from adaptercl.domains.domain import Domain, Example, RewardFn, RewardResult, score_samples
 from adaptercl.domains.loading import load_domain
 
-__all__ = ["Domain", "Example", "RewardFn", "RewardResult", "load_domain"]
+__all__ = ["Domain", "Example", "RewardFn", "RewardResult", "load_domain", "score_samples"]

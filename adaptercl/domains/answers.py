@@ -6,14 +6,16 @@ return None (or an empty value) when the reply states no answer. The rewards in 
 into a `RewardResult`; `datasets_formats.py` uses `extract_choice_letter` to keep only demonstrations that choose
 the gold option.
 
-`math_equal` first compares normalised strings and exact fractions and then, when the optional `math-verify`
-package is installed, asks it (as lasgroup/SDPO's math reward does); `extract_answer_tag`, `extract_actions`,
-`extract_action_inputs` and `parse_gold_actions` follow lasgroup/SDPO's `reward_score/feedback/{mcq,tooluse}.py`.
+`math_equal` first compares normalised strings and exact fractions and then asks `math-verify` (a core dependency,
+as in lasgroup/SDPO's math reward and TRL's accuracy_reward), so set, interval, radical and other LaTeX forms of a
+correct answer are matched; `extract_answer_tag`, `extract_actions`, `extract_action_inputs` and
+`parse_gold_actions` follow lasgroup/SDPO's `reward_score/feedback/{mcq,tooluse}.py`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import string
 import threading
@@ -119,23 +121,33 @@ def normalize_math(s: str) -> str:
 
 
 def math_equal(pred: str, gold: str) -> bool:
-    """Equivalence of two final answers: normalised strings, exact numbers, then math-verify when installed."""
+    """Equivalence of two final answers: normalised strings, exact numbers, then math-verify (sets, intervals,
+    radicals, LaTeX forms: `\\{1,2\\}` = `\\{2,1\\}`, `\\sqrt{2}/2` = `\\frac{1}{\\sqrt2}`)."""
     a, b = normalize_math(pred), normalize_math(gold)
     if a == b:
         return True
     x, y = parse_number(a), parse_number(b)
     if x is not None and y is not None:
         return x == y
-    return _math_verify_equal(pred, gold)
+    return math_verify_equal(pred, gold)
 
 
-def _math_verify_equal(pred: str, gold: str) -> bool:
-    try:
-        from math_verify import parse, verify
-    except ImportError:
-        return False
-    # math-verify times out with signal.alarm, which only works on the main thread.
-    limit = 5 if threading.current_thread() is threading.main_thread() else None
+MATH_VERIFY_TIMEOUT_S = 5  # per parse and per comparison, on the main thread
+
+
+def math_verify_equal(pred: str, gold: str) -> bool:
+    """math-verify's verdict on two LaTeX answers (each read as `$...$`); a parse failure or timeout is False.
+
+    math-verify times out with `signal.alarm`, which only the main thread may set: elsewhere (a rollout or
+    evaluation thread) it runs without a timeout, as TRL's accuracy_reward does, and its warnings about that are
+    silenced."""
+    from math_verify import parse, verify  # a core dependency; imported here to keep sympy off `recipe validate`
+
+    main = threading.current_thread() is threading.main_thread()
+    limit = MATH_VERIFY_TIMEOUT_S if main else None
+    if not main:
+        for name in ("math_verify.parser", "math_verify.grader"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     try:
         gold_expr = parse(f"${gold}$", parsing_timeout=limit)
         pred_expr = parse(f"${pred}$", parsing_timeout=limit)

@@ -18,7 +18,8 @@ line naming the file and row (or skips and counts with `skip_malformed`).
 | winogrande  | context_options, continuation, gold; or sentence (with a      | choice_letter | none                 |
 |             | `_` blank), option1, option2, answer "1"/"2" as               |               |                      |
 |             | allenai/winogrande                                            |               |                      |
-| generic     | `cfg.fields`: prompt, answer, [demonstration], [system]       | cfg.reward    | mapped field         |
+| generic     | `cfg.fields`: prompt, answer, [demonstration], [system]; or   | cfg.reward    | mapped field         |
+|             | `cfg.prompt_template` over any columns (`prompt_template.py`) |               |                      |
 
 The teacher sees the reward's feedback as the reference rewards give it unless `cfg.feedback` says otherwise
 (`rewards.with_feedback`): format problems only for gsm8k and math500 (`feedback/math.py`), none for sciknoweval
@@ -46,22 +47,15 @@ from typing import Any
 from adaptercl.config import DomainConfig
 from adaptercl.domain_config import FeedbackKind
 from adaptercl.domains.answers import extract_choice_letter
+from adaptercl.domains.domain import MalformedRow
+from adaptercl.domains.prompt_template import LETTERS, option_letter, render_prompt
 
 Messages = list[dict[str, str]]
-LETTERS = "ABCDEFGHIJ"
 
 GSM8K_SYSTEM = "Solve the math problem step by step. Give the final answer on the last line as '#### <number>'."
 MATH_SUFFIX = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 PROBE_SUFFIX = "\n\nAnswer with the letter of the correct option."
 UNLABELLED = " (the hub test split is unlabelled: evaluate on eval_split: validation)"
-
-
-class MalformedRow(ValueError):
-    """A row that cannot become an example: `field` names the culprit."""
-
-    def __init__(self, field: str | None, problem: str):
-        super().__init__(f"field {field!r} {problem}" if field else problem)
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -245,13 +239,21 @@ GENERIC_FIELDS = ("prompt", "answer", "demonstration", "system")
 def generic_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | None]:
     """cfg.fields maps prompt/answer (required) and demonstration/system (optional) to dataset fields.
 
-    The prompt field may hold a string (the user turn) or a list of chat messages.
+    The prompt field may hold a string (the user turn) or a list of chat messages; with `cfg.prompt_template` the
+    user turn is rendered from the row's columns instead (`prompt_template.py`), and with `cfg.answer_options` the
+    answer becomes the letter of the option it designates.
     """
     fields = {key: cfg.fields.get(key, key) for key in GENERIC_FIELDS}
-    prompt = need(row, fields["prompt"], (str, list))
-    if fields["answer"] not in row or row[fields["answer"]] is None:
-        raise MalformedRow(fields["answer"], "is missing")
-    answer = row[fields["answer"]]
+    if cfg.prompt_template is not None:
+        prompt = render_prompt(cfg.prompt_template, row)
+    else:
+        prompt = need(row, fields["prompt"], (str, list))
+    if (fields["answer"] not in row or row[fields["answer"]] is None) and not cfg.reward_funcs:
+        raise MalformedRow(fields["answer"], "is missing")  # TRL-style rewards read their own columns instead
+    answer = row.get(fields["answer"])
+    if cfg.answer_options is not None:
+        options = need(row, cfg.answer_options, (dict, list))
+        answer = option_letter(answer, options, fields["answer"], cfg.answer_options)
     demo = row.get(fields["demonstration"])
     if demo is not None and not isinstance(demo, str):
         raise MalformedRow(fields["demonstration"], f"must be str, got {type(demo).__name__}")
@@ -269,6 +271,14 @@ def generic_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | 
     if system and messages[0]["role"] != "system":
         messages.insert(0, {"role": "system", "content": system})
     return messages, answer, demo
+
+
+def conversational_prompt(row: dict, cfg: DomainConfig) -> bool:
+    """Whether the row gave its prompt as chat messages (TRL's conversational format): only a generic row's prompt
+    field can; the presets and prompt templates build a string."""
+    if cfg.prompt_template is not None or (cfg.format or "generic") != "generic":
+        return False
+    return isinstance(row.get(cfg.fields.get("prompt", "prompt")), list)
 
 
 PROBE_PATTERNS: list[str] = []

@@ -1,4 +1,11 @@
-"""The data types every domain shares: `Example`, `RewardResult`, `RewardFn` and `Domain`.
+"""The data types every domain shares: `Example`, `RewardResult`, `RewardFn`, `BatchRewardFn`, `Domain` and
+`MalformedRow` (a row that cannot become an example), and
+`score_samples`, which scores a batch whose samples may come from several domains (replay).
+
+A domain scores completions in one of two ways: a native reward `(text, Example) -> RewardResult` per sample (the
+builtin rewards and user rewards that return feedback for SDPO), or a batch reward over all samples at once
+(`trl_rewards.py`: TRL-style reward functions, which are batched and may need the completion token ids).
+`Domain.score` is the one entry point for both; callers that hold completions use it (or `score_samples`).
 
 They live in their own module so that the loaders (`loading.py`, `builtin.py`, `datasets_formats.py`) and the
 rewards (`rewards.py`) import them from here and never from the package `adaptercl.domains`, which re-exports them
@@ -8,8 +15,16 @@ for the rest of the toolkit.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+
+class MalformedRow(ValueError):
+    """A dataset row that cannot become an example: `field` names the culprit (the loader adds file and row)."""
+
+    def __init__(self, field: str | None, problem: str):
+        super().__init__(f"field {field!r} {problem}" if field else problem)
+        self.field = field
 
 
 @dataclass(frozen=True)
@@ -18,6 +33,12 @@ class Example:
     messages: list[dict[str, str]]  # chat turns ending with the user turn (system first if any)
     answer: Any  # what the reward checks against (gold)
     demonstration: str | None = None  # a reference response (SDFT teacher context); None when the source has none
+    # The source row's columns (builtin tasks: none); TRL-style rewards receive them as keyword lists. Not compared:
+    # two examples are equal by id, prompt, answer and demonstration.
+    columns: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # Whether the source gave the prompt as chat messages (TRL's "conversational" format) rather than a string
+    # ("standard"); TRL-style rewards see prompts and completions in that format.
+    conversational: bool = False
 
 
 @dataclass(frozen=True)
@@ -32,6 +53,8 @@ class RewardResult:
 
 
 RewardFn = Callable[[str, Example], RewardResult]  # (completion text, example) -> result
+# (completion texts [N], completion token ids [N], examples [N]) -> results [N]
+BatchRewardFn = Callable[[list[str], list[list[int]], list[Example]], list[RewardResult]]
 
 
 @dataclass
@@ -43,3 +66,31 @@ class Domain:
     format_patterns: list[str]  # regexes of this domain's own answer-format tokens (format-leak detection)
     skipped: int = 0  # malformed rows skipped (cfg.skip_malformed)
     overlap: int = 0  # eval prompts that also occurred in train; those train rows were dropped
+    # TRL-style rewards (`trl_rewards.py`) score a whole batch; `reward` then scores one sample through it, without
+    # token ids (a reward that needs `completion_ids` must be reached through `score`).
+    batch_reward: BatchRewardFn | None = None
+
+    def score(self, texts: list[str], completion_ids: list[list[int]], examples: list[Example]) -> list[RewardResult]:
+        """Results of N completions (texts and token ids) of the examples, in order; one batch call when the
+        domain's rewards are TRL-style, else the native reward per sample."""
+        if self.batch_reward is not None:
+            return self.batch_reward(texts, completion_ids, examples)
+        return [self.reward(text, ex) for text, ex in zip(texts, examples, strict=True)]
+
+
+def score_samples(
+    texts: list[str], completion_ids: list[list[int]], examples: list[Example], domains: list[Domain]
+) -> list[RewardResult]:
+    """Sample i scored by `domains[i]` (a stage's own domain or a replayed earlier one), each domain in one
+    `Domain.score` call over its samples in order, so TRL-style rewards see whole groups."""
+    results: list[RewardResult | None] = [None] * len(texts)
+    owners: dict[int, tuple[Domain, list[int]]] = {}
+    for i, domain in enumerate(domains):
+        owners.setdefault(id(domain), (domain, []))[1].append(i)
+    for domain, index in owners.values():
+        scored = domain.score(
+            [texts[i] for i in index], [completion_ids[i] for i in index], [examples[i] for i in index]
+        )
+        for i, result in zip(index, scored, strict=True):
+            results[i] = result
+    return results  # type: ignore[return-value]  # every index is owned by exactly one domain

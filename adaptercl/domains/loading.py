@@ -19,7 +19,9 @@ Splits and hygiene, in this order:
    `Domain.overlap` (a warning is logged);
 4. `num_train` caps what is left.
 The domain's reward shows the SDPO teacher only the feedback `cfg.feedback` allows (`rewards.with_feedback`;
-default: the format's reference behaviour, "format" for builtin sources).
+default: the format's reference behaviour, "format" for builtin sources). TRL-style rewards (`cfg.reward_funcs`, or a
+`cfg.reward` with TRL's signature) become `Domain.batch_reward` (`trl_rewards.py`); every example keeps its row's
+columns for them (`Example.columns`) and whether the row gave its prompt as chat messages.
 A malformed row raises `RecipeError` naming the file, row and field; with `skip_malformed` it is skipped and counted
 in `Domain.skipped`.
 """
@@ -36,9 +38,10 @@ from typing import Any
 from adaptercl.config import DomainConfig, RecipeError
 from adaptercl.domain_config import DATA_SUFFIXES, HUB_ID, hub_id, is_url, source_kind, url_suffix
 from adaptercl.domains.builtin import BUILTINS, load_builtin
-from adaptercl.domains.datasets_formats import FORMATS, MalformedRow, RowFormat
+from adaptercl.domains.datasets_formats import FORMATS, MalformedRow, RowFormat, conversational_prompt
 from adaptercl.domains.domain import Domain, Example, RewardFn
 from adaptercl.domains.rewards import resolve_reward, with_feedback
+from adaptercl.domains.trl_rewards import TrlRewards, load_trl_rewards
 from adaptercl.offline import dataset_message
 
 log = logging.getLogger(__name__)
@@ -47,14 +50,18 @@ FILE_SUFFIXES = DATA_SUFFIXES
 URL_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # `datasets` loaders
 
 
-def check_domain(cfg: DomainConfig) -> tuple[RewardFn | None, tuple[Source, Source | None] | None]:
-    """What can be checked before any row is read: the builtin name, the reward (a user `pkg.mod:fn` is
-    imported), local files and split files exist. Returns the reward and the sources (None for builtin)."""
+def check_domain(cfg: DomainConfig) -> tuple[RewardFn | TrlRewards | None, tuple[Source, Source | None] | None]:
+    """What can be checked before any row is read: the builtin name, the reward (a user `pkg.mod:fn` and every
+    `reward_funcs` entry are imported, their signatures checked), local files and split files exist. Returns the
+    reward (TRL-style rewards as one `TrlRewards`) and the sources (None for builtin)."""
+    trl = load_trl_rewards(cfg)
     if cfg.source.startswith("builtin:"):
         task = cfg.source.removeprefix("builtin:")
         if task not in BUILTINS:
             raise RecipeError(f"domains.{cfg.name}.source: unknown builtin {task!r}; builtins: {', '.join(BUILTINS)}")
-        return (_domain_reward(cfg, cfg.reward) if cfg.reward else None), None
+        return trl or (_domain_reward(cfg, cfg.reward) if cfg.reward else None), None
+    if trl is not None:
+        return trl, resolve_sources(cfg)
     fmt_name = cfg.format or "generic"
     reward_name = cfg.reward or FORMATS[fmt_name].reward
     if reward_name is None:
@@ -74,16 +81,22 @@ def _domain_reward(cfg: DomainConfig, name: str) -> RewardFn:
 def load_domain(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:
     """Build the domain of one recipe block: examples, eval set, reward, format patterns (see module docstring)."""
     reward, sources = check_domain(cfg)
+    if isinstance(reward, TrlRewards) and not cfg.reward_funcs:  # a TRL-style `reward:` is a one-entry list
+        cfg = cfg.model_copy(update={"reward": None, "reward_funcs": [cfg.reward]})
     if sources is None:
         domain = load_builtin(cfg, seed, num_eval)
-        domain.reward = with_feedback(reward or domain.reward, cfg.feedback or "format")
+        if isinstance(reward, TrlRewards):
+            domain.reward, domain.batch_reward = reward.one, reward
+        else:
+            domain.reward = with_feedback(reward or domain.reward, cfg.feedback or "format")
         if cfg.format_patterns is not None:
             domain.format_patterns = list(cfg.format_patterns)
         return domain
 
     fmt_name = cfg.format or "generic"
     fmt = FORMATS[fmt_name]
-    reward = with_feedback(reward, cfg.feedback or fmt.feedback)
+    batch_reward = reward if isinstance(reward, TrlRewards) else None
+    reward = reward.one if isinstance(reward, TrlRewards) else with_feedback(reward, cfg.feedback or fmt.feedback)
     if fmt_name == "generic" and not cfg.fields and cfg.format is None:
         log.info("domains.%s: no format given; reading fields prompt/answer/demonstration/system", cfg.name)
 
@@ -112,7 +125,9 @@ def load_domain(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:
     if not kept:
         raise RecipeError(f"domains.{cfg.name}: no training examples left (source {cfg.source})")
     patterns = list(cfg.format_patterns) if cfg.format_patterns is not None else list(fmt.format_patterns)
-    return Domain(cfg.name, kept, eval_examples, reward, patterns, skipped=skipped[0], overlap=overlap)
+    return Domain(
+        cfg.name, kept, eval_examples, reward, patterns, skipped=skipped[0], overlap=overlap, batch_reward=batch_reward
+    )
 
 
 def prompt_key(messages: list[dict[str, str]]) -> tuple[tuple[str, str], ...]:
@@ -196,7 +211,10 @@ def _examples(
                 raise RecipeError(f"domains.{cfg.name}: {where_text}: row {number}: {err}") from None
             skipped[0] += 1
             continue
-        out.append(Example(f"{cfg.name}/{split}/{number}", messages, answer, demo))
+        columns = dict(row)  # the row's columns, for TRL-style rewards
+        out.append(
+            Example(f"{cfg.name}/{split}/{number}", messages, answer, demo, columns, conversational_prompt(row, cfg))
+        )
         if limit is not None and len(out) >= limit:
             break
     return out

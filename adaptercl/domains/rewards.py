@@ -27,13 +27,12 @@ shown to the teacher as a correct solution. The real-dataset rewards are 0/1, as
 Departures from the references, on purpose: `answer_tag` and `action_calls` follow lasgroup/SDPO's
 `reward_score/feedback/{mcq,tooluse}.py` (the ToolAlpaca check is also the SDFT evaluation's) but `answer_tag`
 adds format feedback (the reference gives none; the sciknoweval format's default `feedback: none` drops it). No
-reward gives the reference's truncation feedback: a reward sees only the text. `boxed_math` first compares
-normalised strings and exact fractions and then, when the optional `math-verify` package is installed, asks it (as
-the SDPO code does); without it, forms beyond simple numbers, fractions and identical LaTeX are marked wrong
-(`answers.math_equal`).
+reward gives the reference's truncation feedback: a reward sees only the text. `boxed_math` reads the last
+`\\boxed{}` and compares it with the gold by normalised strings and exact fractions, then by `math-verify` (as the
+SDPO code does; sets, intervals and LaTeX forms: `answers.math_equal`).
 
 A user reward is `pkg.module:function` with the same signature; `resolve_reward` imports it (the one dynamic
-import of the toolkit).
+import of the toolkit). Rewards with TRL's batched signature are handled by `trl_rewards.py`.
 """
 
 from __future__ import annotations

@@ -1,0 +1,79 @@
+"""Prompt templates and option answers: a dataset row used as it is, without preprocessing.
+
+A domain with `prompt_template: "{question}\\n\\n{options}"` builds its user turn from the row's columns
+(`render_prompt`); a column holding options, a dict `{"A": "red", "B": "blue"}` or a list `["red", "blue"]`, is
+rendered as lettered lines, one per option:
+
+    A. red
+    B. blue
+
+A dict whose keys are the letters A, B, ... in order keeps them; any other dict (keys "1", "2" or words) and every
+list are lettered by position. `answer_options: options` then turns the answer column into that option's letter
+(`option_letter`): a letter, a 0-based index, a dict key, or the option's own text. A missing column raises
+`MalformedRow` naming it (the loader adds the file and row). Used by the generic format (`datasets_formats.py`).
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+from adaptercl.domain_config import template_fields
+from adaptercl.domains.domain import MalformedRow
+
+LETTERS = "ABCDEFGHIJ"  # option letters, here and in the probe formats (`datasets_formats.lettered`)
+
+
+def option_items(options: Any, column: str) -> list[tuple[str, str]]:
+    """(letter, text) of each option of a dict or list column, in order."""
+    if isinstance(options, dict):
+        keys = [str(k).strip() for k in options]
+        letters = keys if keys == list(LETTERS[: len(keys)]) else list(LETTERS[: len(keys)])
+        texts = list(options.values())
+    elif isinstance(options, list):
+        letters, texts = list(LETTERS[: len(options)]), options
+    else:
+        raise MalformedRow(column, f"must hold options (a dict or a list), got {type(options).__name__}")
+    if not texts:
+        raise MalformedRow(column, "has no options")
+    if len(texts) > len(LETTERS):
+        raise MalformedRow(column, f"has {len(texts)} options; at most {len(LETTERS)} can be lettered")
+    return [(letter, str(text).strip()) for letter, text in zip(letters, texts)]
+
+
+def lettered_lines(options: Any, column: str) -> str:
+    return "\n".join(f"{letter}. {text}" for letter, text in option_items(options, column))
+
+
+def render_prompt(template: str, row: dict) -> str:
+    """The template with each `{column}` replaced by the row's value (options as lettered lines)."""
+    values = {}
+    for name in template_fields(template):
+        if name not in row or row[name] is None:
+            raise MalformedRow(name, "is missing (prompt_template uses it)")
+        value = row[name]
+        values[name] = lettered_lines(value, name) if isinstance(value, dict | list) else str(value)
+    return string.Formatter().vformat(template, (), values)
+
+
+def option_letter(answer: Any, options: Any, answer_column: str, options_column: str) -> str:
+    """The letter of the option `answer` designates: a letter, a 0-based index, a dict key or the option text."""
+    items = option_items(options, options_column)
+    letters = [letter for letter, _ in items]
+    keys = [str(k).strip() for k in options] if isinstance(options, dict) else []
+    text = str(answer).strip()
+    if text in keys:  # a dict's own key first: keys "1", "2" are keys, not indices
+        return letters[keys.index(text)]
+    if text.upper() in letters:
+        return text.upper()
+    if text.isdigit():
+        index = int(text)
+        if 0 <= index < len(items):
+            return letters[index]
+        raise MalformedRow(answer_column, f"index {index} is out of range for {len(items)} options")
+    matches = [letter for letter, option in items if option == text]
+    if matches:
+        return matches[0]
+    raise MalformedRow(
+        answer_column, f"{answer!r} is none of the options' letters ({', '.join(letters)}), indices, keys or texts"
+    )

@@ -1,0 +1,220 @@
+"""TRL-style rewards: `f(prompts, completions, completion_ids, **columns) -> list[float | None]`, several per domain.
+
+A domain names them as TRL's GRPOTrainer does:
+
+    domains:
+      - name: math
+        source: data/math.jsonl                  # rows: prompt (chat messages), solution, ...
+        reward_funcs: [accuracy_reward, trl.rewards:think_format_reward, my_rewards:brevity]
+        reward_weights: [1.0, 0.5, 0.1]
+
+An entry is a name of `trl.rewards` (accuracy_reward, think_format_reward, reasoning_accuracy_reward),
+`pkg.module:function`, TRL's dotted `pkg.module.function`, or `{func: ..., args: {...}}` for a factory such as
+`trl.rewards:get_soft_overlong_punishment`. A native reward (a REWARDS name or a `(text, example)` function) may
+sit in the list too; its score is its column. A `reward: pkg.module:function` whose signature is TRL's (a parameter
+named prompts, completions or completion_ids, or **kwargs: `reward_style`) is the same as a one-entry list.
+
+What each function receives, as in TRL's `GRPOTrainer._calculate_rewards`, for the N completions of a batch (whole
+groups; `Domain.score`): `prompts` and `completions` in the dataset's format (conversational: the prompt's messages
+and `[{"role": "assistant", "content": text}]`; standard: the user turn's text and the completion text; the domain's
+`reward_format` chooses, "auto" follows the row's prompt), `completion_ids` (token ids), and every other column of
+the source row as a keyword list aligned with the completions (a column absent from a row is None there).
+
+How they combine (`weighted_reward`): None becomes NaN (not applicable to that sample), and the sample's reward is
+the nansum over functions of weight x reward, TRL's `sum_then_normalize`. A sample is `correct` when that reward is
+>= the domain's `correct_threshold` (default 1.0). TRL rewards give no feedback (SDPO falls back to siblings and
+demonstrations). Departures from TRL, on purpose: a sample for which every function returned None scores 0 and is
+not correct (TRL >= 1.x excludes it from its group's baseline; a warning is logged either way); TRL's trainer-only
+keywords `trainer_state`, `log_extra`, `log_metric` and `environments` are not passed (the functions' defaults
+apply); `normalize_then_sum` and async reward functions are not offered.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+from adaptercl.config import DomainConfig, RecipeError
+from adaptercl.domain_config import RewardFuncSpec
+from adaptercl.domains.domain import Example, RewardResult
+from adaptercl.domains.rewards import REWARDS, resolve_reward
+
+log = logging.getLogger(__name__)
+
+TRL_NAMES = ("accuracy_reward", "think_format_reward", "reasoning_accuracy_reward")  # trl.rewards, by bare name
+TRL_PARAMETERS = frozenset({"prompts", "completions", "completion_ids"})
+# Row columns TRL does not pass as keywords (its own arguments), and the arguments themselves.
+RESERVED_COLUMNS = frozenset({"prompt", "completion", "completion_ids", "prompts", "completions"})
+RewardStyle = Literal["native", "trl"]
+
+
+def reward_style(fn: Callable) -> RewardStyle | None:
+    """ "trl" for a TRL reward (a parameter named prompts/completions/completion_ids, or **kwargs), "native" for a
+    `(text, example)` reward (two positional parameters, any others with defaults), None for neither."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if any(p.name in TRL_PARAMETERS or p.kind is p.VAR_KEYWORD for p in params):
+        return "trl"
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in params if p.default is p.empty and p.kind is not p.VAR_POSITIONAL]
+    if (len(positional) >= 2 or any(p.kind is p.VAR_POSITIONAL for p in params)) and len(required) <= 2:
+        return "native"
+    return None
+
+
+def weighted_reward(per_func: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """TRL's sum_then_normalize reward before normalisation: (nansum_f w_f x r_if [N], unscorable [N] bool).
+
+    per_func [N, F] holds NaN where a function returned None; a row that is all NaN is unscorable (reward 0)."""
+    rewards = (per_func * weights.unsqueeze(0)).nansum(dim=1)  # [N]
+    return rewards, torch.isnan(per_func).all(dim=1)  # [N], [N]
+
+
+@dataclass
+class TrlRewards:
+    """A domain's TRL-style rewards: called on a batch (`Domain.batch_reward`), or on one sample (`one`)."""
+
+    domain: str
+    names: list[str]  # what the recipe wrote, for messages
+    funcs: list[Callable]
+    styles: list[RewardStyle]
+    weights: list[float]
+    correct_threshold: float
+    reward_format: Literal["auto", "conversational", "standard"]
+
+    def __call__(
+        self, texts: list[str], completion_ids: list[list[int]], examples: list[Example]
+    ) -> list[RewardResult]:
+        n = len(texts)
+        if n == 0:
+            return []
+        conversational = self.reward_format == "conversational" or (
+            self.reward_format == "auto" and examples[0].conversational  # TRL looks at the first prompt too
+        )
+        if conversational:
+            prompts: list[Any] = [ex.messages for ex in examples]
+            completions: list[Any] = [[{"role": "assistant", "content": text}] for text in texts]
+        else:
+            prompts, completions = [ex.messages[-1]["content"] for ex in examples], list(texts)
+        keys = dict.fromkeys(k for ex in examples for k in ex.columns if k not in RESERVED_COLUMNS)
+        columns = {key: [ex.columns.get(key) for ex in examples] for key in keys}
+        per_func = torch.empty(n, len(self.funcs))  # [N, F]
+        for f, (name, fn, style) in enumerate(zip(self.names, self.funcs, self.styles)):
+            where = f"domains.{self.domain}.reward_funcs[{f}] {name!r}"
+            try:
+                if style == "native":
+                    values: Any = [fn(text, ex).score for text, ex in zip(texts, examples)]
+                else:
+                    values = fn(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
+            except Exception as err:  # a user function's failure: one line naming it, with a hint for the format
+                hint = ""
+                if isinstance(err, TypeError | KeyError | IndexError):
+                    other = "standard" if conversational else "conversational"
+                    hint = f" (completions were passed {'conversational' if conversational else 'standard'}; "
+                    hint += f"if it expects {other} ones set reward_format: {other})"
+                raise RecipeError(f"{where} raised {type(err).__name__}: {err}{hint}") from err
+            per_func[:, f] = torch.tensor(_column(values, n, where), dtype=torch.float32)
+        rewards, unscorable = weighted_reward(per_func, torch.tensor(self.weights, dtype=torch.float32))
+        if unscorable.any():
+            log.warning(
+                "domains.%s: every reward function returned None for %d samples; they score 0",
+                self.domain,
+                int(unscorable.sum()),
+            )
+        return [
+            RewardResult(float(r), bool(not u and r >= self.correct_threshold))
+            for r, u in zip(rewards.tolist(), unscorable.tolist())
+        ]
+
+    def one(self, text: str, example: Example) -> RewardResult:
+        """One sample through the batch call; its token ids are unknown here (None), so a function that reads
+        `completion_ids` must be reached through `Domain.score`."""
+        return self([text], [None], [example])[0]  # type: ignore[list-item]
+
+
+def _column(values: Any, n: int, where: str) -> list[float]:
+    """A function's output as N floats, None -> NaN; anything else is one line naming the function."""
+    if not isinstance(values, list | tuple) or len(values) != n:
+        got = f"{len(values)} values" if isinstance(values, list | tuple) else type(values).__name__
+        raise RecipeError(f"{where} returned {got}, expected a list of {n} rewards (one per completion)")
+    out = []
+    for value in values:
+        if value is None:
+            out.append(math.nan)
+        elif isinstance(value, int | float) and not isinstance(value, bool) or hasattr(value, "__float__"):
+            out.append(float(value))
+        else:
+            raise RecipeError(f"{where} returned {value!r}; rewards must be numbers or None")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- loading
+
+
+def load_trl_rewards(cfg: DomainConfig) -> TrlRewards | None:
+    """The domain's TRL-style rewards (imported now: a bad path or signature is one line naming the field), or None
+    when its reward is native."""
+    if cfg.reward_funcs:
+        entries = [_load_entry(cfg, i, entry) for i, entry in enumerate(cfg.reward_funcs)]
+        weights = cfg.reward_weights or [1.0] * len(entries)
+    elif cfg.reward is not None and cfg.reward not in REWARDS:
+        fn = _import(cfg.reward, f"domains.{cfg.name}.reward")
+        style = reward_style(fn)
+        if style is None:
+            raise RecipeError(f"domains.{cfg.name}.reward {cfg.reward!r}: {_bad_signature(fn)}")
+        if style == "native":
+            return None
+        entries, weights = [(cfg.reward, fn, style)], [1.0]
+    else:
+        return None
+    names, funcs, styles = (list(column) for column in zip(*entries))
+    return TrlRewards(cfg.name, names, funcs, styles, weights, cfg.correct_threshold, cfg.reward_format)
+
+
+def _load_entry(cfg: DomainConfig, i: int, entry: str | RewardFuncSpec) -> tuple[str, Callable, RewardStyle]:
+    where = f"domains.{cfg.name}.reward_funcs[{i}]"
+    if isinstance(entry, RewardFuncSpec):
+        factory = _import(entry.func, where)
+        try:
+            fn = factory(**entry.args)
+        except Exception as err:
+            raise RecipeError(f"{where} {entry.func!r}: calling it with args {entry.args} failed ({err})") from None
+        name = entry.func
+    else:
+        fn, name = _import(entry, where), entry
+    style = reward_style(fn) if callable(fn) else None
+    if style is None:
+        raise RecipeError(f"{where} {name!r}: {_bad_signature(fn)}")
+    return name, fn, style
+
+
+def _import(spec: str, where: str) -> Callable:
+    """A reward function by trl.rewards name, REWARDS name, 'pkg.module:function' or 'pkg.module.function'."""
+    if spec in TRL_NAMES:
+        spec = f"trl.rewards:{spec}"
+    elif ":" not in spec and "." in spec and spec not in REWARDS:
+        module, _, attr = spec.rpartition(".")
+        spec = f"{module}:{attr}"
+    try:
+        return resolve_reward(spec)
+    except RecipeError as err:  # "reward 'x': ..." -> "domains.NAME.reward_funcs[i] 'x': ..."
+        raise RecipeError(f"{where} {str(err).removeprefix('reward ')}") from None
+
+
+def _bad_signature(fn: Any) -> str:
+    try:
+        shown = f"{getattr(fn, '__name__', type(fn).__name__)}{inspect.signature(fn)}"
+    except (TypeError, ValueError):
+        shown = repr(fn)
+    return (
+        f"{shown} is neither a native reward (text, example) -> RewardResult nor a TRL reward "
+        "(prompts, completions, completion_ids, **kwargs) -> list[float | None]"
+    )
