@@ -1,7 +1,9 @@
 """Greedy evaluation of every domain under a given set of adapters -> one row of the accuracy matrix.
 
 A domain's accuracy is the fraction of its eval examples whose greedy completion the domain's reward marks
-`correct`. `eval.json` keeps, per domain, accuracy, mean reward, the count and a few sample completions.
+`correct`. `eval.json` keeps, per domain, accuracy, mean reward, the count, whether each example was correct (in
+eval-set order, so intervals over examples and paired comparisons of runs on the same eval set can be taken after the
+run) and a few sample completions.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def evaluate_domain(
         "reward_mean": sum(r.score for r in results) / len(results),
         "n": len(results),
         "mean_response_tokens": sum(len(c.token_ids) for c in completions) / len(completions),
+        "correct": [bool(r.correct) for r in results],  # [n], eval-set order
         "samples": [
             {"id": ex.id, "completion": c.text, "correct": r.correct}
             for ex, c, r in list(zip(examples, completions, results))[:SAMPLES_KEPT]
