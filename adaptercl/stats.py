@@ -6,13 +6,52 @@
 - `linear_fit`: the least-squares line y = intercept + slope·x and its R², e.g. the forgetting each stage caused
   (`metrics.stage_forgetting`) against its forward KL from the previous stage's policy (drift.json `stage_kl`),
   over methods and seeds: RL's Razor (Shenfeld et al. 2025) reports R² ≈ 0.7 on LLMs.
+- `wilson_interval`: the Wilson score interval of a proportion (Wilson 1927), e.g. one accuracy over n eval examples.
+- `t_interval`: the Student-t interval of a mean over a few independent values (e.g. one figure per seed).
 
 Results are JSON-ready Python floats; None where a statistic is undefined.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+# Two-sided 95 % quantiles t_{0.975, df} of Student's t for df = 1..30 (beyond: the normal 1.96 is within 2 %)
+T975 = [
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+]
+Z975 = 1.959964
 
 
 def paired_bootstrap_interval(
@@ -58,3 +97,29 @@ def linear_fit(x: list[float], y: list[float]) -> dict[str, float | None]:
     ss_tot = (dy * dy).sum().item()
     r2 = None if ss_tot == 0.0 else 1.0 - ss_res / ss_tot
     return {"n": len(x), "slope": slope, "intercept": intercept, "r2": r2}
+
+
+def wilson_interval(successes: int, n: int, z: float = Z975) -> tuple[float, float] | None:
+    """Wilson score interval of a proportion k/n (95 % at the default z), or None for n = 0:
+    (p̂ + z²/2n ± z·sqrt(p̂(1−p̂)/n + z²/4n²)) / (1 + z²/n). Unlike p̂ ± z·sqrt(p̂(1−p̂)/n) it stays inside [0, 1]
+    and is not empty at k = 0 or k = n."""
+    if not 0 <= successes <= n:
+        raise ValueError(f"wilson_interval: {successes} successes of {n} trials")
+    if n == 0:
+        return None
+    p, z2 = successes / n, z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def t_interval(values: list[float]) -> tuple[float, float] | None:
+    """95 % Student-t interval of the mean of independent values: mean ± t_{0.975, n−1} · s / sqrt(n) (s the sample
+    standard deviation); None for fewer than 2 values."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = (T975[n - 2] if n - 1 <= len(T975) else Z975) * sd / math.sqrt(n)
+    return mean - half, mean + half

@@ -17,7 +17,7 @@ from adaptercl.diagnostics import lift_summary, stage_kl, teacher_lift
 from adaptercl.model import load_base
 from adaptercl.rollout.hf import HFEngine
 from adaptercl.run import run_recipe
-from adaptercl.stats import linear_fit, paired_bootstrap_interval
+from adaptercl.stats import linear_fit, paired_bootstrap_interval, t_interval, wilson_interval
 
 # ---------------------------------------------------------------------------------------------- statistics
 
@@ -49,6 +49,19 @@ def test_linear_fit_by_hand():
         linear_fit([1.0, 1.0], [0.0, 1.0])
     with pytest.raises(ValueError, match="at least 2"):
         linear_fit([1.0], [0.0])
+
+
+def test_wilson_and_t_intervals_by_hand():
+    # 30 of 100: centre (0.3 + 1.96²/200) / (1 + 1.96²/100); the published 95 % interval is [0.219, 0.396]
+    lo, hi = wilson_interval(30, 100)
+    assert (round(lo, 3), round(hi, 3)) == (0.219, 0.396)
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == pytest.approx(1.0)  # not empty
+    assert 0.0 < wilson_interval(0, 10)[1] < 0.3 and wilson_interval(0, 0) is None
+    with pytest.raises(ValueError, match="11 successes of 10"):
+        wilson_interval(11, 10)
+    # mean 2, s = 1, n = 3: 2 ± 4.303 / sqrt(3)
+    assert t_interval([1.0, 2.0, 3.0]) == pytest.approx((2 - 4.303 / 3**0.5, 2 + 4.303 / 3**0.5))
+    assert t_interval([5.0, 5.0]) == (5.0, 5.0) and t_interval([1.0]) is None
 
 
 def test_lift_summary_pairs_per_prompt_by_hand():

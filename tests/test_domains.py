@@ -87,6 +87,15 @@ def test_builtin_train_never_asks_an_eval_fact(name, seed):
     assert builtin(name, seed=seed, num_eval=5).train == d.train
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("name", BUILTIN_NAMES)
+def test_builtin_gives_100_distinct_eval_prompts(name, seed):
+    # benchmarks/science evaluates 100 examples per domain; a repeated prompt would count one answer twice (toolcall
+    # had 63-84 distinct of 100 with two request templates per function)
+    d = builtin(name, seed=seed, num_eval=100)
+    assert len({prompt_key(e.messages) for e in d.eval}) == 100
+
+
 def test_builtin_arithmetic_never_trains_the_swapped_operands_of_an_eval_sum_or_product():
     d = builtin("arithmetic", num_eval=50)
     asked = [e.demonstration.split()[:3] for e in d.eval]  # [a, op, b]

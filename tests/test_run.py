@@ -95,7 +95,11 @@ def test_lora_weights_changed_and_reload_reproduces_the_evaluation(finished_run)
             assert torch.equal(param.detach(), reloaded[key])  # bit-identical tensors in the live model
     # The reloaded adapter reproduces the greedy completions the run recorded after stage 1.
     domain = load_domain(recipe.domain("arith"), recipe.seed, recipe.eval.examples_per_domain)
-    recorded = json.loads((out / "stage-01-one" / "eval.json").read_text())["arith"]["samples"]
+    row = json.loads((out / "stage-01-one" / "eval.json").read_text())["arith"]
+    recorded = row["samples"]
+    # per-example correctness, in eval-set order: the accuracy is its mean and the samples agree with it
+    assert len(row["correct"]) == row["n"] and sum(row["correct"]) / row["n"] == row["accuracy"]
+    assert [s["correct"] for s in recorded] == row["correct"][: len(recorded)]
     engine = HFEngine(model, base.tokenizer)
     prompts = [encode_chat(base.tokenizer, ex.messages) for ex in domain.eval[: len(recorded)]]
     params = SamplingParams(max_new_tokens=recipe.eval_max_new_tokens, greedy=True)

@@ -1,0 +1,166 @@
+"""benchmarks/science: the per-method recipes, and the collection and statistics on synthetic run directories
+whose figures are known by hand (no model runs)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from adaptercl.config import resolve_recipe
+
+SCIENCE = Path(__file__).resolve().parent.parent / "benchmarks" / "science"
+spec = importlib.util.spec_from_file_location("science_run", SCIENCE / "run.py")
+science_run = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(science_run)  # puts benchmarks/ and benchmarks/science on sys.path
+analysis = sys.modules.get("analysis") or importlib.import_module("analysis")
+collect = importlib.import_module("collect")
+results = importlib.import_module("results")
+
+N = 10  # eval examples per domain
+STAGES = ["stage-00-before", "stage-01-a", "stage-02-b"]
+
+
+def column(k: int) -> list[bool]:
+    return [i < k for i in range(N)]  # k of N correct
+
+
+def make_run(runs: Path, method: str, seed: int, final_a: int, kl: float, drift: float, lift: bool) -> None:
+    """Domains a, b trained in that order. a: 2 -> 8 -> final_a of 10; b: 3 -> 3 -> 7 of 10."""
+    run = runs / f"{method}-s{seed}"
+    counts = [(2, 3), (8, 3), (final_a, 7)]
+    for k, (stage, (ca, cb)) in enumerate(zip(STAGES, counts)):
+        d = run / stage
+        d.mkdir(parents=True)
+        rows = {name: {"accuracy": c / N, "n": N, "correct": column(c)} for name, c in (("a", ca), ("b", cb))}
+        (d / "eval.json").write_text(json.dumps(rows))
+        if k == 0:
+            continue
+        stage_kl = {"kl_token_mean": kl if k == 2 else 0.5, "kl_sequence_mean": 10 * kl, "prompts": 4}
+        response = {"a": {"kl_to_base": drift * 10, "foreign_format_rate": 0.0}}
+        parameter = {"aggregate": {"relative_delta_norm_mean": drift}}
+        (d / "drift.json").write_text(json.dumps({"stage_kl": stage_kl, "parameter": parameter, "response": response}))
+        steps = [{"step": i + 1, "reward_mean": r} for i, r in enumerate([0.2, 0.4, 0.6, 0.6, 0.6, 0.6])]
+        event = {"event": "reward_collapse", "action": "warn", "step": 6, "message": "m"}
+        (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in steps + [event] * (method == "sdpo")))
+        (d / "done.json").write_text(json.dumps({"train_seconds": 60.0}))
+        if lift:
+            (d / "teacher_lift.json").write_text(
+                json.dumps({"lift": 0.5, "lift_ci95": [0.2, 0.8], "n": 6, "teacher_accuracy": 0.7,
+                            "student_accuracy": 0.2, "context_frac": 0.5, "by_context": {"sibling": {}}})
+            )  # fmt: skip
+    accuracy = [[ca / N, cb / N] for ca, cb in counts]
+    summary = {
+        "domains": ["a", "b"],
+        "stages": STAGES,
+        "accuracy": accuracy,
+        "cl_metrics": {"trained_columns": [0, 1]},
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    record = {"git": "abc1234", "exit": 0, "wall_s": 90.0, "command": "x", "load_average_at_start": [1.0, 1, 1]}
+    (runs / f"{method}-s{seed}.run.json").write_text(json.dumps(record))
+
+
+@pytest.fixture
+def runs(tmp_path):
+    # grpo forgets a (8 -> 4 or 6) with stage-2 KL 0.2 / 0.1; the hybrid forgets nothing (KL 0); sdpo is grpo's
+    # data with a teacher lift and a guard alarm: forgetting caused = 2 x KL exactly, so R² = 1
+    for seed, (final, kl) in enumerate([(4, 0.2), (6, 0.1)]):
+        make_run(tmp_path, "grpo", seed, final, kl, drift=1e-3 * (seed + 1), lift=False)
+        make_run(tmp_path, "sdpo", seed, final, kl, drift=1e-3 * (seed + 3), lift=True)
+        make_run(tmp_path, "hybrid", seed, 8, 0.0, drift=1e-3, lift=True)
+    return tmp_path
+
+
+def test_collect_reads_correctness_kl_lift_and_provenance(runs):
+    records, missing = collect.collect_runs(runs, ["grpo", "sdpo", "hybrid", "sdft"], [0, 1])
+    assert missing == ["sdft-s0", "sdft-s1"] and len(records) == 6
+    grpo0 = records[0]
+    assert (grpo0["method"], grpo0["seed"], grpo0["n"]) == ("grpo", 0, [N, N])
+    assert grpo0["correct"][2][0] == column(4) and grpo0["accuracy"][2] == [0.4, 0.7]
+    assert [k["kl_token_mean"] for k in grpo0["stage_kl"]] == [0.5, 0.2]
+    assert grpo0["teacher_lift"] == [None, None] and records[2]["teacher_lift"][1]["lift"] == 0.5
+    assert grpo0["reward_drop"] == 0.0 and grpo0["train_minutes"] == 2.0 and grpo0["provenance"]["wall_s"] == 90.0
+    sdpo0 = records[2]
+    assert sdpo0["guard_events"] == [f"{s} step 6: reward_collapse (warn)" for s in STAGES[1:]]
+
+
+def test_statistics_by_hand(runs):
+    records, _ = collect.collect_runs(runs, ["grpo", "sdpo", "hybrid"], [0, 1])
+    by = {}
+    for r in records:
+        by.setdefault(r["method"], {})[r["seed"]] = r
+    summary, draws, seeds = analysis.summarise(by, resamples=200)
+    assert seeds == [0, 1]
+    grpo = summary["grpo"]
+    # Chaudhry forgetting: a's best after stage 1 (0.8) minus final: 0.4 and 0.2, mean 0.3; plasticity
+    # (0.8 − 0.2 + 0.7 − 0.3) / 2 = 0.5 in every run
+    assert grpo["figures"]["forgetting"]["mean"] == pytest.approx(0.3)
+    assert grpo["figures"]["plasticity"]["mean"] == pytest.approx(0.5)
+    lo, hi = grpo["figures"]["forgetting"]["ci95"]
+    assert 0.0 <= lo < 0.3 < hi <= 0.8
+    assert grpo["per_seed"][0]["cell 2 0"]["ci95"] == pytest.approx(list(analysis.wilson_interval(4, N)))
+    assert grpo["per_seed"][0]["stage_forgetting 2"]["value"] == pytest.approx(0.4)
+    assert grpo["scalars"]["parameter_drift"]["values"] == [1e-3, 2e-3]
+    checks = {c["measure"]: c for c in analysis.paper_checks(summary, draws)}
+    # sdpo's accuracies are grpo's, resampled with the same draws: the paired difference is exactly 0
+    same = checks["forgetting: sdpo − grpo > 0"]
+    assert same["ci95"] == [0.0, 0.0] and same["verdict"] == "undecided"
+    drift = checks["parameter_drift: sdpo − grpo > 0"]  # paired per seed: 2e-3 both times
+    assert drift["difference"] == pytest.approx(2e-3) and drift["verdict"] == "holds"
+    assert "sdft" not in " ".join(checks)  # a method that did not run is not compared
+    goal = {g["measure"]: g for g in analysis.hybrid_goal(summary, draws, ("sdpo", "sdpo_sampled"))}
+    forgetting = goal["forgetting: hybrid − grpo ≤ 0"]
+    assert forgetting["difference"] == pytest.approx(-0.3) and forgetting["state"] == "met"
+    gain = goal["plasticity: hybrid − 0.9 × sdpo ≥ 0"]
+    assert gain["difference"] == pytest.approx(0.05) and gain["state"] == "met"
+
+    kl = analysis.kl_vs_forgetting(summary, by, resamples=50)
+    assert len(kl["points"]) == 6  # 3 methods x 2 seeds, stage 2 only
+    fit = kl["fits"]["kl_token, all stages"]
+    assert (fit["slope"], fit["intercept"], fit["r2"]) == pytest.approx((2.0, 0.0, 1.0))
+    assert fit["r2_ci95"] == pytest.approx([1.0, 1.0]) and fit["runs"] == 6
+
+    lift = {(r["method"], r["stage"]): r for r in analysis.teacher_lift_table(by)}
+    assert set(lift) == {("sdpo", 1), ("sdpo", 2), ("hybrid", 1), ("hybrid", 2)}
+    assert lift["sdpo", 2]["domain"] == "b" and lift["sdpo", 2]["positive_every_seed"]
+    assert lift["sdpo", 2]["mean"] == 0.5 and lift["sdpo", 2]["ci95"] == [0.5, 0.5]
+
+
+def test_write_results_files(runs, tmp_path):
+    records, _ = collect.collect_runs(runs, ["grpo", "sdpo", "hybrid"], [0, 1])
+    out = tmp_path / "out"
+    setting = {"base": "benchmarks/science/base.yaml", "overrides": ["optim.steps=2"], "runs_dir": str(runs)}
+    results.write_results(records, out, setting, science_run.METHODS, science_run.SDPO_VARIANTS, resamples=50)
+    data = json.loads((out / "results.json").read_text())
+    assert data["summary"]["grpo"]["figures"]["forgetting"]["mean"] == pytest.approx(0.3)
+    assert data["meta"]["setting"]["overrides"] == ["optim.steps=2"] and "correct" not in data["runs"][0]
+    md = (out / "results.md").read_text()
+    for heading in ("## Teacher lift", "## Does KL predict forgetting?", "## The hybrid's goal", "## Runs"):
+        assert heading in md
+    assert "| forgetting no worse than GRPO's | forgetting: hybrid − grpo ≤ 0 |" in md
+    assert (out / "results.png").stat().st_size > 10_000
+
+
+def test_method_recipes_are_valid_and_share_the_budget(tmp_path):
+    for method in science_run.METHODS:
+        recipe = resolve_recipe(science_run.method_recipe(method, 1, tmp_path))
+        stage = recipe.stages[0]
+        sequences = stage.rollout.group_size * stage.optim.prompts_per_step
+        assert (stage.method, sequences, stage.optim.steps, recipe.seed) == (
+            science_run.METHODS[method]["method"],
+            24,
+            12,
+            1,
+        )
+        assert recipe.eval.examples_per_domain == 100 and recipe.eval.teacher_lift_prompts == 32
+    sdft = resolve_recipe(science_run.method_recipe("sdft", 0, tmp_path)).stages[1]
+    assert (sdft.rollout.group_size, sdft.rollout.max_new_tokens, sdft.distill.support) == (1, 24, "full")
+    small = science_run.method_recipe("grpo", 0, tmp_path, ["optim.steps=2", "eval.examples_per_domain=8"])
+    assert small["optim"] == {"lr": 3.0e-4, "steps": 2, "prompts_per_step": 4, "max_grad_norm": 1.0}
+    assert small["eval"]["examples_per_domain"] == 8 and small["output_dir"] == str(tmp_path / "grpo-s0")
+    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+        science_run.apply_overrides({}, ["optim.steps"])
