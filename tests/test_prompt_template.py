@@ -26,6 +26,15 @@ def test_a_list_and_a_dict_of_other_keys_are_lettered_by_position():
     assert render_prompt("Q{{literal}} {n}", {"n": 3}) == "Q{literal} 3"  # other values as text, braces escaped
 
 
+def test_the_hugging_face_choices_form_is_read_as_label_to_text():
+    arc = {"text": ["dry palms", "wet palms"], "label": ["A", "B"]}  # ARC / OpenBookQA / CommonsenseQA
+    assert render_prompt("{choices}", {"choices": arc}) == "A. dry palms\nB. wet palms"
+    numbered = {"text": ["x", "y", "z"], "label": ["1", "2", "3"]}  # some ARC rows number their options
+    assert render_prompt("{choices}", {"choices": numbered}) == "A. x\nB. y\nC. z"
+    assert option_letter("2", numbered, "answerKey", "choices") == "B"  # a label, not an index
+    assert option_letter("B", arc, "answerKey", "choices") == "B"
+
+
 def test_a_missing_column_names_it():
     with pytest.raises(MalformedRow, match="field 'options' is missing"):
         render_prompt(TEMPLATE, {"question": "q"})

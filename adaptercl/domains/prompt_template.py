@@ -8,9 +8,11 @@ rendered as lettered lines, one per option:
     B. blue
 
 A dict whose keys are the letters A, B, ... in order keeps them; any other dict (keys "1", "2" or words) and every
-list are lettered by position. `answer_options: options` then turns the answer column into that option's letter
-(`option_letter`): a letter, a 0-based index, a dict key, or the option's own text. A missing column raises
-`MalformedRow` naming it (the loader adds the file and row). Used by the generic format (`datasets_formats.py`).
+list are lettered by position. The Hugging Face choices form `{"text": [...], "label": [...]}` (ARC, OpenBookQA,
+CommonsenseQA) is read as the dict label -> text. `answer_options: options` then turns the answer column into that
+option's letter (`option_letter`): a letter, a 0-based index, a dict key, or the option's own text. A missing
+column raises `MalformedRow` naming it (the loader adds the file and row). Used by the generic format
+(`datasets_formats.py`).
 """
 
 from __future__ import annotations
@@ -24,8 +26,18 @@ from adaptercl.domains.domain import MalformedRow
 LETTERS = "ABCDEFGHIJ"  # option letters, here and in the probe formats (`datasets_formats.lettered`)
 
 
+def choices_form(options: Any) -> Any:
+    """`{"text": [...], "label": [...]}` as the dict label -> text; any other value as it is."""
+    if isinstance(options, dict) and set(options) == {"text", "label"}:
+        texts, labels = options["text"], options["label"]
+        if isinstance(texts, list) and isinstance(labels, list) and len(texts) == len(labels):
+            return dict(zip(labels, texts))
+    return options
+
+
 def option_items(options: Any, column: str) -> list[tuple[str, str]]:
     """(letter, text) of each option of a dict or list column, in order."""
+    options = choices_form(options)
     if isinstance(options, dict):
         keys = [str(k).strip() for k in options]
         letters = keys if keys == list(LETTERS[: len(keys)]) else list(LETTERS[: len(keys)])
@@ -58,6 +70,7 @@ def render_prompt(template: str, row: dict) -> str:
 
 def option_letter(answer: Any, options: Any, answer_column: str, options_column: str) -> str:
     """The letter of the option `answer` designates: a letter, a 0-based index, a dict key or the option text."""
+    options = choices_form(options)
     items = option_items(options, options_column)
     letters = [letter for letter, _ in items]
     keys = [str(k).strip() for k in options] if isinstance(options, dict) else []
