@@ -6,7 +6,8 @@ what a recipe says; this checks it against this machine, each problem one `Recip
 - every domain: its builtin name, its reward (a user `pkg.module:function` is imported), its local source file or
   folder with the split files, and its local `eval_file` exist (`domains.loading.check_domain`; URL and hub
   sources are not fetched here);
-- `rollout.engine: vllm` has vLLM installed.
+- `rollout.engine: vllm` has vLLM installed;
+- every tracker of `report_to` has its package installed (`tracking.require_trackers`).
 
 `adaptercl recipe validate` and `run.run_recipe` call it. No torch import: validate stays well under a second
 (importing a user's reward module aside).
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.domains.loading import check_domain
+from adaptercl.tracking import require_trackers
 from adaptercl.vllm_settings import require_vllm
 
 
@@ -29,6 +31,7 @@ def preflight(recipe: RecipeConfig) -> None:
         check_domain(domain)
     if recipe.stages[0].rollout.engine == "vllm":  # one engine serves every stage (config checks they agree)
         require_vllm()
+    require_trackers(recipe.report_to)
 
 
 def check_output_dir(output_dir: str) -> None:

@@ -41,6 +41,7 @@ from adaptercl.run_dir import BEFORE_DIR, RunDir
 from adaptercl.stage import run_stage
 from adaptercl.stage_context import StageContext, step_seed
 from adaptercl.teacher import create_teacher
+from adaptercl.tracking import tracking
 
 
 @dataclass
@@ -54,10 +55,16 @@ class RunResult:
 def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None) -> RunResult:
     """Run (or resume) every stage of `recipe`; return the accuracy matrix. `on_event(kind, **info)` is told of
     progress: load (before the base loads), model (loaded), engine, eval (done of total domains, once at 0 before
-    the first), drift (part parameter: done of total modules; part response: done of total domains), stage, step,
-    skip."""
+    the first), evaluated (the stage's eval.json row), drift (part parameter: done of total modules; part response:
+    done of total domains), stage, step (with the step's kept rollout samples), skip, finished (summary.json). With
+    `report_to`, the trackers get them too (`tracking.py`)."""
     notify = on_event or (lambda kind, **info: None)
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
+    with tracking(recipe, notify) as notify:
+        return _run_stages(recipe, notify)
+
+
+def _run_stages(recipe: RecipeConfig, notify: Callable[..., Any]) -> RunResult:
     run = RunDir(Path(recipe.output_dir), recipe)
     run.claim()
     if run.is_finished():  # every stage is done: nothing to load, nothing to write
@@ -82,7 +89,9 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     def evaluate(stage_name: str, model_adapters: list[str] | None) -> dict:
         engine, n, max_tokens = engines.for_model(model), recipe.eval.examples_per_domain, recipe.eval_max_new_tokens
         notify("eval", stage=stage_name, done=0, total=len(domains))
-        return evaluate_all(engine, tok, domains, model_adapters, max_tokens, n, progress("eval", stage_name))
+        row = evaluate_all(engine, tok, domains, model_adapters, max_tokens, n, progress("eval", stage_name))
+        notify("evaluated", stage=stage_name, row=row)
+        return row
 
     def drift(i: int, plan: AdapterPlan) -> dict:
         """Parameter and response drift vs the base, and the forward KL from the previous stage's policy."""
@@ -119,6 +128,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
         stage_dir.path.mkdir(parents=True, exist_ok=True)
         if not has_checkpoint(stage_dir.checkpoint):  # a fresh start; with a checkpoint the stage resumes
             stage_dir.metrics.unlink(missing_ok=True)
+            stage_dir.samples.unlink(missing_ok=True)
         # the self-teacher starts from the student as it is now; saved with the stage, then removed from the model
         teacher = None
         if METHODS[stage.method].needs_teacher:
@@ -137,7 +147,9 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
             replay_domains=[by_name[d] for d in earlier_domains],  # regularizers.replay_fraction draws from these
             stage_dir=stage_dir.path,
             base_weights=base_weights,
-            on_step=lambda step, m, _n=stage_dir.name: notify("step", stage=_n, step=step, metrics=m),
+            on_step=lambda step, m, kept, _n=stage_dir.name: notify(
+                "step", stage=_n, step=step, metrics=m, samples=kept
+            ),
             teacher=teacher,
         )
         lift_prompts = recipe.eval.teacher_lift_prompts
@@ -180,6 +192,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
             "cl_metrics": cl_metrics(accuracy, [names.index(s.domain) for s in recipe.stages]),
         }
     )
+    notify("finished", summary=run.read_summary())
     write_report(run.path)
     return _result(run)
 

@@ -10,6 +10,7 @@
                     teacher_lift.json           sdpo/sdft/hybrid: the teacher's greedy accuracy with its context
                                                 minus the student's at stage start (`diagnostics.py`)
                     metrics.jsonl eval.json done.json
+                    samples.jsonl               a few rollout samples per step (`rollout_samples.py`)
                     drift.json                  parameter and response drift vs the base; stage_kl: forward KL
                                                 from the previous stage's policy (`diagnostics.stage_kl`)
                     checkpoint/                 resume point while the stage runs (removed when done)
@@ -75,6 +76,10 @@ class StageDir:
     @property
     def metrics(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def samples(self) -> Path:
+        return self.path / "samples.jsonl"
 
     @property
     def eval(self) -> Path:

@@ -40,6 +40,7 @@ from adaptercl.metrics import repeated_ngram_rate
 from adaptercl.monitor import CollapseGuard
 from adaptercl.regularizers import StageRegularizers, replay_count, replay_examples
 from adaptercl.rollout import Completion
+from adaptercl.rollout_samples import sample_rows
 from adaptercl.run_dir import StageDir
 from adaptercl.stage_context import StageContext, prompts_for_step, rollout_sampling, step_seed
 from adaptercl.train_step import train_on_batch
@@ -70,7 +71,8 @@ def lr_factor(optim: OptimConfig, step: int) -> float:
 
 
 def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None) -> dict[str, float]:
-    """Train `ctx.student` for the stage's steps; append one JSON line per step to metrics.jsonl."""
+    """Train `ctx.student` for the stage's steps; append one JSON line per step to metrics.jsonl and the step's kept
+    rollout samples to samples.jsonl (`rollout_samples.py`)."""
     stage, model, tok = ctx.stage, ctx.model, ctx.tokenizer
     if METHODS[stage.method].needs_teacher and ctx.teacher is None:
         raise ValueError(f"a {stage.method} stage needs ctx.teacher (see teacher.create_teacher)")
@@ -80,6 +82,7 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
     metrics_path = files.metrics
     device = next(model.parameters()).device
     group = stage.rollout.group_size
+    n_samples = ctx.recipe.log.samples_per_step
     last: dict[str, float] = {}
     guard = CollapseGuard(stage.monitor)
     checkpoint_dir = files.checkpoint
@@ -176,11 +179,15 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
             if action == "stop":
                 break
             continue
+        has_target = targets.has_target if targets is not None else None
+        kept = sample_rows(step + 1, samples, sample_domains, completions, results, has_target, group, n_samples)
+        if kept:  # before the step line: a step whose line is written has its samples (_restore cuts both back)
+            append_line(files.samples, "".join(json.dumps(r) + "\n" for r in kept))
         append_line(metrics_path, json.dumps(last))
         history.append(last)
         step += 1
         if ctx.on_step is not None:
-            ctx.on_step(step, last)
+            ctx.on_step(step, last, kept)
         if step % stage.monitor.checkpoint_every == 0 and step < stage.optim.steps:
             _checkpoint(ctx, checkpoint_dir, optimizer, step, guard)
     return last
@@ -194,9 +201,9 @@ def _checkpoint(ctx: StageContext, path: Path, optimizer, next_step: int, guard:
 
 
 def _restore(ctx: StageContext, path: Path, optimizer, guard: CollapseGuard) -> tuple[int, list[dict]]:
-    """Load the checkpoint (student, teacher, optimiser, RNG) and cut metrics.jsonl back to the checkpoint's step
-    (alarm events are kept). The LR needs nothing: it is a function of the step and the guard's rollbacks.
-    Returns (next step, step history)."""
+    """Load the checkpoint (student, teacher, optimiser, RNG) and cut metrics.jsonl (alarm events are kept) and
+    samples.jsonl back to the checkpoint's step. The LR needs nothing: it is a function of the step and the guard's
+    rollbacks. Returns (next step, step history)."""
     rollbacks_used = guard.rollbacks_used  # a rollback has already counted itself; a resume reads it back
     state = load_checkpoint(path, ctx.model, optimizer)
     guard.rollbacks_used = max(rollbacks_used, state["rollbacks_used"])
@@ -206,6 +213,9 @@ def _restore(ctx: StageContext, path: Path, optimizer, guard: CollapseGuard) -> 
     metrics_path = StageDir(ctx.stage_dir).metrics
     kept = [r for r in read_jsonl(metrics_path) if "event" in r or r["step"] <= next_step]
     write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+    samples_path = StageDir(ctx.stage_dir).samples
+    samples = [r for r in read_jsonl(samples_path) if r["step"] <= next_step]
+    write_text(samples_path, "".join(json.dumps(r) + "\n" for r in samples))
     return next_step, [r for r in kept if "event" not in r]
 
 
