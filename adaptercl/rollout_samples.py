@@ -9,13 +9,18 @@ can and the choice needs no random state (a resumed stage keeps the same ones). 
 
 `teacher_target` is whether the sample had a teacher context (so distillation targets; `distill_targets.py`),
 null for methods without a teacher. `stage.py` appends a step's rows together with its metrics.jsonl line and cuts
-them back with it on resume and rollback; `report.py` shows a few; `tracking.py` sends them to the trackers.
+them back with it on resume and rollback; `report.py` shows a few (`markdown_table`); `tracking.py` sends them to
+the trackers.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from adaptercl.domains import Domain, Example, RewardResult
 from adaptercl.rollout import Completion
+
+SAMPLE_COLUMNS = ("step", "domain", "prompt", "completion", "reward", "correct", "feedback", "teacher_target")
 
 
 def sample_indices(n: int, group: int, k: int) -> list[int]:
@@ -51,3 +56,20 @@ def sample_rows(
             }
         )
     return rows
+
+
+def markdown_table(rows: list[dict], width: int = 300) -> str:
+    """Samples as a markdown table (one line per row; long texts cut to `width` characters)."""
+    lines = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|" + " --- |" * len(SAMPLE_COLUMNS)]
+    for row in rows:
+        lines.append("| " + " | ".join(table_cell(row.get(c), width) for c in SAMPLE_COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def table_cell(value: Any, width: int) -> str:
+    """One markdown table cell: numbers to 3 decimals, newlines shown as ⏎, pipes escaped, cut to `width`."""
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    text = "" if value is None else str(value)
+    text = text.replace("\n", " ⏎ ").replace("|", "\\|")
+    return text if len(text) <= width else text[: width - 1] + "…"

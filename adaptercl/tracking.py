@@ -32,9 +32,8 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from adaptercl.config import RecipeConfig, RecipeError
+from adaptercl.rollout_samples import SAMPLE_COLUMNS, markdown_table
 from adaptercl.run_dir import BEFORE_DIR, stage_dir_name
-
-SAMPLE_COLUMNS = ("step", "domain", "prompt", "completion", "reward", "correct", "feedback", "teacher_target")
 
 
 def is_main_process() -> bool:
@@ -143,23 +142,6 @@ def wandb_mode() -> str | None:
     except (OSError, netrc.NetrcParseError):
         pass
     return "offline"
-
-
-def markdown_table(rows: list[dict], width: int = 300) -> str:
-    """Samples as a markdown table (one line per row; long texts cut to `width` characters)."""
-    lines = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|" + " --- |" * len(SAMPLE_COLUMNS)]
-    for row in rows:
-        lines.append("| " + " | ".join(table_cell(row.get(c), width) for c in SAMPLE_COLUMNS) + " |")
-    return "\n".join(lines)
-
-
-def table_cell(value: Any, width: int) -> str:
-    """One markdown table cell: numbers to 3 decimals, newlines shown as ⏎, pipes escaped, cut to `width`."""
-    if isinstance(value, float):
-        return f"{value:.3f}"
-    text = "" if value is None else str(value)
-    text = text.replace("\n", " ⏎ ").replace("|", "\\|")
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 class Tracker:
