@@ -79,7 +79,6 @@ class WandbBackend:
             dir=str(Path(recipe.output_dir)),
             config=recipe.model_dump(mode="json"),
             mode=wandb_mode(),
-            reinit="create_new",
         )
         self.run.define_metric("global_step")
         self.run.define_metric("*", step_metric="global_step")  # a rollback or resume may log a step again
