@@ -7,7 +7,7 @@ Method-dependent defaults and constraints (teacher kind and EMA rate, divergence
 teachers) come from the method table `methods.METHODS` and are filled in one place,
 `StageConfig._fill_method_defaults`. The method blocks (`grpo`, `distill`, `hybrid`, `regularizers`, `monitor`) are
 defined in `method_config.py`, the `domains:` block in `domain_config.py`, the `eval:` block in `eval_config.py`,
-the `rollout:` block in `rollout_config.py`.
+the `rollout:` block in `rollout_config.py`, `report_to` and the `log:` block in `log_config.py`.
 
 This module imports no torch: `adaptercl recipe validate` answers in well under a second. Errors are raised as
 `RecipeError` with one line naming the field path (stages are named by their `name`, not their index) and what
@@ -23,6 +23,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from adaptercl.domain_config import NAME_PATTERN, DomainConfig
 from adaptercl.eval_config import EvalConfig
+from adaptercl.log_config import LogConfig, Tracker, parse_report_to
 from adaptercl.method_config import (  # re-exported: a recipe's blocks are importable from here
     Action,
     Aggregation,
@@ -49,6 +50,7 @@ __all__ = [
     "EvalConfig",
     "GrpoConfig",
     "HybridConfig",
+    "LogConfig",
     "LoraConfig",
     "ModelConfig",
     "MonitorConfig",
@@ -219,6 +221,18 @@ class RecipeConfig(_Block):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     output_dir: str = Field(description="Run directory; rerunning into it resumes and skips finished stages.")
     seed: int = Field(0, description="Seed of data order, sampling and initialisation.")
+    report_to: list[Tracker] = Field(
+        default_factory=list,
+        description="Experiment trackers that also get the step metrics, evaluation rows and samples (tracking.py): "
+        "tensorboard, wandb, trackio, a list of them, or none (default). Each needs its extra, e.g. "
+        "pip install 'adaptercl[wandb]'.",
+    )
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _parse_report_to(cls, value: Any) -> list[str]:
+        return parse_report_to(value)
 
     @model_validator(mode="after")
     def _check_references(self) -> RecipeConfig:

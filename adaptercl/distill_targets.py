@@ -23,9 +23,10 @@ class DistillTargets:
     teacher_batch: TokenBatch  # [N, P_T+R]: teacher prompts, then the very same response tokens
     mask: torch.Tensor  # [N, R] float: response tokens that get a distillation loss
     stats: dict[str, float]
+    has_target: list[bool]  # [N] whether the sample has a teacher context (rollout_samples.py keeps it)
 
     def to(self, device: torch.device) -> DistillTargets:
-        return DistillTargets(self.teacher_batch.to(device), self.mask.to(device), self.stats)
+        return DistillTargets(self.teacher_batch.to(device), self.mask.to(device), self.stats, self.has_target)
 
 
 def distill_targets(
@@ -71,4 +72,4 @@ def distill_targets(
         **teacher_prompts.stats(),
         "distill_token_frac": (mask.sum() / batch.response_mask.sum().clamp(min=1.0)).item(),
     }
-    return DistillTargets(teacher_batch, mask, stats)
+    return DistillTargets(teacher_batch, mask, stats, teacher_prompts.has_target)

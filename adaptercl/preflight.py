@@ -11,6 +11,7 @@ what a recipe says; this checks it against this machine, each problem one `Recip
   the run starts, and its URL's form is the grammar's check);
 - `eval.lm_eval.tasks`: lm-eval is installed and knows every task (its include_path exists); this imports lm-eval
   and reads its task index, a few seconds, only when tasks are set.
+- every tracker of `report_to` has its package installed (`tracking.require_trackers`).
 
 `adaptercl recipe validate` and `run.run_recipe` call it. No torch import: validate stays well under a second
 (importing a user's reward module aside).
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.domains.loading import check_domain
+from adaptercl.tracking import require_trackers
 from adaptercl.vllm_settings import require_vllm
 
 
@@ -37,6 +39,7 @@ def preflight(recipe: RecipeConfig) -> None:
         from adaptercl.lm_eval_probes import check_tasks
 
         check_tasks(recipe.eval.lm_eval)
+    require_trackers(recipe.report_to)
 
 
 def check_output_dir(output_dir: str) -> None:

@@ -4,10 +4,10 @@
 
 Sections: the accuracy matrix, the CL metrics, the stage-start teacher lift (where measured), each stage's KL from
 the previous policy next to the forgetting it caused (where measured), lm-eval's metrics per stage (where
-`eval.lm_eval.tasks` is set), and each stage's last step. Plots: the accuracy-matrix heatmap, per-domain accuracy
-across stages, reward and teacher-student divergence curves per step, and parameter drift per stage (when
-`drift.json` files exist). The run writes the report automatically at its end;
-it can be rebuilt at any time from a finished or partial run.
+`eval.lm_eval.tasks` is set), each stage's last step, and a few rollout samples of each stage's first and last step
+(samples.jsonl). Plots: the accuracy-matrix heatmap, per-domain accuracy across stages, reward and teacher-student
+divergence curves per step, and parameter drift per stage (when `drift.json` files exist). The run writes the report
+automatically at its end; it can be rebuilt at any time from a finished or partial run.
 """
 
 from __future__ import annotations
@@ -18,9 +18,11 @@ from pathlib import Path
 from adaptercl.atomic import read_jsonl, write_text
 from adaptercl.config import RecipeError
 from adaptercl.metrics import CL_METRIC_DEFINITIONS, cl_metrics, stage_forgetting
+from adaptercl.rollout_samples import markdown_table
 from adaptercl.run_dir import PLOTS_DIR, REPORT_FILE, SUMMARY_FILE, StageDir
 
 PLOTS = ("accuracy_matrix.png", "accuracy_by_stage.png", "training_curves.png", "drift.png")
+SAMPLES_SHOWN = 3  # rollout samples shown per stage for its first and its last step
 
 
 def load_run(run_dir: str | Path) -> dict:
@@ -41,6 +43,7 @@ def load_run(run_dir: str | Path) -> dict:
                 "events": [m for m in rows if "event" in m],
                 "drift": json.loads(stage_dir.drift.read_text()) if stage_dir.drift.is_file() else None,
                 "teacher_lift": stage_dir.read_teacher_lift(),
+                "samples": read_jsonl(stage_dir.samples),
             }
         )
     lm_eval = [StageDir(run_dir / name).read_lm_eval() for name in summary["stages"]]  # before + every stage
@@ -95,6 +98,7 @@ def _markdown(run: dict, has_drift: bool) -> str:
         lines.append(f"- {stage['name']}: {len(stage['metrics'])} steps; last step: {info or 'no steps'}")
         for event in stage["events"]:
             lines.append(f"  - step {event.get('step')}: {event['event']} ({event.get('message', '')})")
+    lines += _samples_section(run["stages"])
     lines += ["", "## Plots", "", f"![accuracy matrix](plots/{PLOTS[0]})", f"![accuracy by stage](plots/{PLOTS[1]})"]
     lines.append(f"![training curves](plots/{PLOTS[2]})")
     if has_drift:
@@ -156,6 +160,21 @@ def _teacher_lift_section(stages: list[dict]) -> list[str]:
             f"| {stage['name']} | {lift['method']} | {lift['n']} | {lift['teacher_accuracy']:.3f} | "
             f"{lift['student_accuracy']:.3f} | {lift['lift']:+.3f} [{lo:+.3f}, {hi:+.3f}] | {kinds} |"
         )
+    return lines
+
+
+def _samples_section(stages: list[dict]) -> list[str]:
+    """A few rollout samples (samples.jsonl) of each stage's first and last step."""
+    if not any(s["samples"] for s in stages):
+        return []
+    lines = ["", "## Rollout samples", ""]
+    lines.append("Training completions kept per step (`log.samples_per_step`; all of them in each stage's")
+    lines.append("samples.jsonl); teacher_target: whether the sample had a teacher context (empty: no teacher).")
+    for stage in stages:
+        steps = sorted({r["step"] for r in stage["samples"]})
+        for step in dict.fromkeys([steps[0], steps[-1]] if steps else []):
+            rows = [r for r in stage["samples"] if r["step"] == step][:SAMPLES_SHOWN]
+            lines += ["", f"### {stage['name']}, step {step}", "", markdown_table(rows)]
     return lines
 
 

@@ -44,6 +44,7 @@ from adaptercl.run_dir import BEFORE_DIR, RunDir, StageDir
 from adaptercl.stage import run_stage
 from adaptercl.stage_context import StageContext, step_seed
 from adaptercl.teacher import create_teacher
+from adaptercl.tracking import tracking
 
 
 @dataclass
@@ -57,15 +58,20 @@ class RunResult:
 def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None) -> RunResult:
     """Run (or resume) every stage of `recipe`; return the accuracy matrix. `on_event(kind, **info)` is told of
     progress: load (before the base loads), model (loaded), engine, eval (done of total domains, once at 0 before
-    the first), drift (part parameter: done of total modules; part response: done of total domains), lm_eval (before
-    lm-eval's tasks run on a stage's model), stage, step, skip.
+    the first), evaluated (the stage's eval.json row), drift (part parameter: done of total modules; part response:
+    done of total domains), lm_eval (before lm-eval's tasks run on a stage's model), stage, step (with the step's
+    kept rollout samples), skip, finished (summary.json). With `report_to`, the trackers get them too
+    (`tracking.py`).
 
     Launched as N processes (torchrun, accelerate launch) it trains data-parallel (`distributed.py`): rank 0 alone
     writes the run directory and reports events; the other ranks train, evaluate and measure alongside it."""
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
     with distributed.process_group() as world:
         check_world(recipe, world)
-        return _run_recipe(recipe, on_event if world.is_main else None, world)
+        if not world.is_main:  # events, progress and trackers are rank 0's
+            return _run_recipe(recipe, None, world)
+        with tracking(recipe, on_event or (lambda kind, **info: None)) as notify:
+            return _run_recipe(recipe, notify, world)
 
 
 def check_world(recipe: RecipeConfig, world: distributed.World) -> None:
@@ -113,7 +119,10 @@ def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world
         engine, n, max_tokens = engines.for_model(model), recipe.eval.examples_per_domain, recipe.eval_max_new_tokens
         todo = domains if only is None else only
         notify("eval", stage=stage_name, done=0, total=len(todo))
-        return evaluate_all(engine, tok, todo, model_adapters, max_tokens, n, progress("eval", stage_name))
+        row = evaluate_all(engine, tok, todo, model_adapters, max_tokens, n, progress("eval", stage_name))
+        if only is None:
+            notify("evaluated", stage=stage_name, row=row)
+        return row
 
     def probe_lm_eval(stage_dir: StageDir, model_adapters: list[str] | None) -> None:
         """eval.lm_eval.tasks: lm-eval's metrics on the model as evaluated (`lm_eval_probes.py`)."""
@@ -174,6 +183,7 @@ def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world
             stage_dir.path.mkdir(parents=True, exist_ok=True)
             if not has_checkpoint(stage_dir.checkpoint):  # a fresh start; with a checkpoint the stage resumes
                 stage_dir.metrics.unlink(missing_ok=True)
+                stage_dir.samples.unlink(missing_ok=True)
         # the self-teacher starts from the student as it is now; saved with the stage, then removed from the model
         teacher = None
         if METHODS[stage.method].needs_teacher:
@@ -192,7 +202,9 @@ def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world
             replay_domains=[by_name[d] for d in earlier_domains],  # regularizers.replay_fraction draws from these
             stage_dir=stage_dir.path,
             base_weights=base_weights,
-            on_step=lambda step, m, _n=stage_dir.name: notify("step", stage=_n, step=step, metrics=m),
+            on_step=lambda step, m, kept, _n=stage_dir.name: notify(
+                "step", stage=_n, step=step, metrics=m, samples=kept
+            ),
             teacher=teacher,
         )
         lift_prompts = recipe.eval.teacher_lift_prompts
@@ -242,6 +254,7 @@ def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world
                 "cl_metrics": cl_metrics(accuracy, [names.index(s.domain) for s in recipe.stages]),
             }
         )
+        notify("finished", summary=run.read_summary())
         write_report(run.path)
 
     distributed.on_main(finish_run)

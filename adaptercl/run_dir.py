@@ -11,6 +11,7 @@
                                                 minus the student's at stage start (`diagnostics.py`)
                     metrics.jsonl eval.json done.json
                     lm_eval.json                eval.lm_eval.tasks: lm-eval's metrics per task (`lm_eval_probes`)
+                    samples.jsonl               a few rollout samples per step (`rollout_samples.py`)
                     drift.json                  parameter and response drift vs the base; stage_kl: forward KL
                                                 from the previous stage's policy (`diagnostics.stage_kl`)
                     checkpoint/                 resume point while the stage runs (removed when done)
@@ -77,6 +78,10 @@ class StageDir:
     @property
     def metrics(self) -> Path:
         return self.path / "metrics.jsonl"
+
+    @property
+    def samples(self) -> Path:
+        return self.path / "samples.jsonl"
 
     @property
     def eval(self) -> Path:

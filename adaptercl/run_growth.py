@@ -7,7 +7,8 @@ resumes the run; a recipe that *extends* it grows the run:
   stages may follow;
 - its first domains are the run's domains, field for field, and new domains may follow (new columns of the
   accuracy matrix); `eval.retention_probes` likewise keeps the run's probes first;
-- everything else (model, quantization, seed, output_dir, the rest of `eval`) is unchanged.
+- everything else (model, quantization, seed, output_dir, the rest of `eval`) is unchanged, except what only says
+  where the run reports (`FREE_FIELDS`: `report_to`, `log`): a resumed or grown run may add a tracker.
 
 `run.run_recipe` then trains only the new stages. The earlier rows of the accuracy matrix (before training and each
 finished stage) are completed with the new domains by evaluating them on that stage's saved adapters, so the matrix
@@ -21,12 +22,16 @@ from typing import Any
 
 from adaptercl.config import RecipeConfig
 
+# Recipe-level fields that change neither what is trained nor what is measured: free to change between invocations.
+FREE_FIELDS = ("report_to", "log")
 HOW_TO = "keep the run's stages and domains as they were (new ones may only be appended) or choose another output_dir"
 
 
 def growth_refusal(run: RecipeConfig, new: RecipeConfig) -> str | None:
     """None when `new` equals the recipe of the run (`run`) or extends it; else one line saying what differs."""
     old_raw, new_raw = run.model_dump(mode="json"), new.model_dump(mode="json")
+    for name in FREE_FIELDS:
+        old_raw.pop(name, None), new_raw.pop(name, None)
     old_stages, new_stages = old_raw.pop("stages"), new_raw.pop("stages")
     if len(new_stages) < len(old_stages):
         names = ", ".join(s["name"] for s in old_stages)

@@ -42,6 +42,7 @@ from adaptercl.metrics import repeated_ngram_rate
 from adaptercl.monitor import CollapseGuard
 from adaptercl.regularizers import StageRegularizers, replay_count, replay_examples
 from adaptercl.rollout import Completion
+from adaptercl.rollout_samples import sample_rows
 from adaptercl.run_dir import StageDir
 from adaptercl.stage_context import StageContext, prompts_for_step, rollout_sampling, step_seed
 from adaptercl.train_step import train_on_batch
@@ -55,7 +56,8 @@ def make_optimizer(ctx: StageContext) -> torch.optim.Optimizer:
 
 
 def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None) -> dict[str, float]:
-    """Train `ctx.student` for the stage's steps; append one JSON line per step to metrics.jsonl."""
+    """Train `ctx.student` for the stage's steps; append one JSON line per step to metrics.jsonl and the step's kept
+    rollout samples to samples.jsonl (`rollout_samples.py`)."""
     stage, model, tok = ctx.stage, ctx.model, ctx.tokenizer
     if METHODS[stage.method].needs_teacher and ctx.teacher is None:
         raise ValueError(f"a {stage.method} stage needs ctx.teacher (see teacher.create_teacher)")
@@ -65,6 +67,7 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
     metrics_path = files.metrics
     device = next(model.parameters()).device
     group = stage.rollout.group_size
+    n_samples = ctx.recipe.log.samples_per_step
     last: dict[str, float] = {}
     guard = CollapseGuard(stage.monitor)
     checkpoint_dir = files.checkpoint
@@ -168,12 +171,16 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
             if action == "stop":
                 break
             continue
-        if distributed.is_main():
+        has_target = targets.has_target if targets is not None else None
+        kept = sample_rows(step + 1, samples, sample_domains, completions, results, has_target, group, n_samples)
+        if distributed.is_main():  # rank 0's share of the samples (under N ranks), written before the step line
+            if kept:  # a step whose line is written has its samples (_restore cuts both back)
+                append_line(files.samples, "".join(json.dumps(r) + "\n" for r in kept))
             append_line(metrics_path, json.dumps(last))
         history.append(last)
         step += 1
         if ctx.on_step is not None:
-            ctx.on_step(step, last)
+            ctx.on_step(step, last, kept)
         if step % stage.monitor.checkpoint_every == 0 and step < stage.optim.steps:
             _checkpoint(ctx, checkpoint_dir, optimizer, step, guard)
     return last
@@ -189,9 +196,10 @@ def _checkpoint(ctx: StageContext, path: Path, optimizer, next_step: int, guard:
 
 
 def _restore(ctx: StageContext, path: Path, optimizer, guard: CollapseGuard) -> tuple[int, list[dict]]:
-    """Load the checkpoint (student, teacher, optimiser, RNG) and cut metrics.jsonl back to the checkpoint's step
-    (alarm events are kept). The LR needs nothing: it is a function of the step and the guard's rollbacks.
-    Returns (next step, step history). Every rank loads the checkpoint and reads the metrics; rank 0 rewrites them."""
+    """Load the checkpoint (student, teacher, optimiser, RNG) and cut metrics.jsonl (alarm events are kept) and
+    samples.jsonl back to the checkpoint's step. The LR needs nothing: it is a function of the step and the guard's
+    rollbacks. Returns (next step, step history). Every rank loads the checkpoint and reads the metrics; rank 0
+    rewrites them."""
     distributed.barrier()  # rank 0's checkpoint and metric lines are all written
     rollbacks_used = guard.rollbacks_used  # a rollback has already counted itself; a resume reads it back
     state = load_checkpoint(path, ctx.model, optimizer)
@@ -204,6 +212,9 @@ def _restore(ctx: StageContext, path: Path, optimizer, guard: CollapseGuard) -> 
     distributed.barrier()  # every rank has read metrics.jsonl before rank 0 rewrites it
     if distributed.is_main():
         write_text(metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        samples_path = StageDir(ctx.stage_dir).samples
+        samples = [r for r in read_jsonl(samples_path) if r["step"] <= next_step]
+        write_text(samples_path, "".join(json.dumps(r) + "\n" for r in samples))
     return next_step, [r for r in kept if "event" not in r]
 
 

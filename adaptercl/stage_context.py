@@ -29,7 +29,7 @@ class StageContext:
     student: str  # name of the adapter trained in this stage
     frozen: list[str] = field(default_factory=list)  # earlier adapters active (frozen) under the student
     stage_dir: Path = Path(".")
-    on_step: Any = None  # callback(step, metrics) for progress display
+    on_step: Any = None  # callback(step, metrics, samples) for progress display and tracking
     teacher: Teacher | None = None  # the self-teacher of sdpo/sdft/hybrid stages (teacher.create_teacher)
     base_weights: BaseWeights = field(default_factory=BaseWeights)  # dequantised W0 cache for drift
     previous: list[str] = field(default_factory=list)  # adapters making up the model after the previous stage

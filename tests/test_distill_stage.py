@@ -41,6 +41,8 @@ class ToyDomain:
     """A stand-in domain with a reward we control: success = even response length (a mix in every group); `rare`:
     a length divisible by 3 (some samples without a successful sibling); `never`."""
 
+    name = "toy"
+
     def __init__(self, succeed: str = "even", feedback: bool = False):
         self.succeed, self.feedback = succeed, feedback
         self.train = [

@@ -82,6 +82,17 @@ def test_rerun_of_the_grown_recipe_is_a_no_op(grown):
     assert "step" not in events and "eval" not in events
 
 
+def test_a_tracker_may_be_added_to_a_finished_run_without_retraining(grown):
+    out, adapter, *_ = grown
+    events = []
+    tracked = recipe(out, [ARITH, MCQ], [ONE, TWO], report_to="tensorboard", log={"samples_per_step": 2})
+    run_recipe(resolve_recipe(tracked), on_event=lambda k, **i: events.append(k))
+    assert "step" not in events and "eval" not in events  # finished: nothing trained or evaluated again
+    assert "report_to:\n- tensorboard" in (out / "recipe.resolved.yaml").read_text()  # recorded as the run's recipe
+    assert (out / "stage-01-one" / "adapter" / "adapter_model.safetensors").read_bytes() == adapter
+    run_recipe(resolve_recipe(recipe(out, [ARITH, MCQ], [ONE, TWO])))  # and taken away again
+
+
 def test_a_changed_earlier_stage_is_refused_naming_the_field(grown):
     out, *_ = grown
     changed = recipe(out, [ARITH, MCQ], [{**ONE, "optim": {"lr": 1e-4}}, TWO])

@@ -89,6 +89,8 @@ def test_a_nonfinite_sdpo_step_with_the_ema_teacher_is_skipped_and_the_guard_act
     if action == "rollback":
         assert [e["action"] for e in events] == ["rollback", "rollback", "stop"]
         assert all(r["nonfinite_step"] == 0.0 for r in steps)  # only clean steps are kept
+        samples = read_jsonl(stage_dir / "samples.jsonl")  # and only their samples
+        assert steps and [r["step"] for r in samples] == [r["step"] for r in steps for _ in range(4)]
     else:
         poisoned = [r for r in steps if r["nonfinite_step"] == 1.0]
         assert len(steps) == 5 and len(poisoned) == len(events) >= 3
@@ -132,6 +134,8 @@ def test_killed_run_resumes_to_bit_identical_adapters(tmp_path):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
     steps = [r["step"] for r in read_jsonl(metrics) if "event" not in r]
     assert steps == [1, 2, 3, 4]
+    samples = read_jsonl(killed / "stage-01-one" / "samples.jsonl")  # resume = uninterrupted, sample for sample
+    assert samples == read_jsonl(reference / "stage-01-one" / "samples.jsonl") and len(samples) == 4 * 4
     assert not (killed / "stage-01-one" / "checkpoint").exists()
 
 

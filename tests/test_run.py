@@ -209,7 +209,7 @@ def test_console_shows_a_bar_for_loading_evaluation_and_drift(monkeypatch, tmp_p
     out = io.StringIO()
     raw = tiny_recipe(tmp_path)
     raw["domains"], raw["stages"] = raw["domains"][:1], raw["stages"][:1]
-    console_module.run_with_progress(resolve_recipe(raw), Console(file=out, width=200))
+    console_module.run_with_progress(resolve_recipe(raw), Console(file=out, width=200, force_terminal=True))
     text = out.getvalue()
     for line in (
         "loading tiny-random",

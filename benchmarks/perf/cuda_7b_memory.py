@@ -221,7 +221,7 @@ def synthetic_batch(args: argparse.Namespace, tokenizer, device: Any) -> tuple[A
     teacher_prompts = [p + tokens(args.teacher_extra) for p in prompts]
     teacher_batch = build_batch(teacher_prompts, responses, tokenizer.pad_token_id)
     rows = torch.arange(n) < math.ceil(args.distill_frac * n)
-    targets = DistillTargets(teacher_batch, batch.response_mask * rows[:, None].float(), {})
+    targets = DistillTargets(teacher_batch, batch.response_mask * rows[:, None].float(), {}, rows.tolist())
     return batch.to(device), advantages.to(device), targets.to(device)
 
 

@@ -264,7 +264,7 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     total = args.warmup + args.steps
 
-    def after_adaptercl_step(step: int, _metrics: dict) -> None:
+    def after_adaptercl_step(step: int, _metrics: dict, _samples: list) -> None:
         order.append("adaptercl")
         if step < total:  # after the last step run_stage returns and the worker hands back
             turns.pass_to("trl")
