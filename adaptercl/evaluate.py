@@ -32,7 +32,9 @@ def evaluate_domain(
     lo, hi = distributed.shard_bounds(len(examples))  # this rank's share (all of them for 1 process)
     prompts = [encode_chat(tokenizer, ex.messages) for ex in examples[lo:hi]]
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, n=1)
-    completions = [g[0] for g in engine.generate(prompts, adapters, params)] if prompts else []
+    # every rank asks, even with no share: the vLLM engines' generate is collective under N ranks
+    asks = prompts or distributed.world().size > 1
+    completions = [g[0] for g in engine.generate(prompts, adapters, params)] if asks else []
     mine = [(c, domain.reward(c.text, ex)) for c, ex in zip(completions, examples[lo:hi])]
     records = distributed.gather_lists([(c.text, len(c.token_ids), r.score, r.correct) for c, r in mine])
     return {

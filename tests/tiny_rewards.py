@@ -11,3 +11,8 @@ def digit_fraction(text: str, example: Example) -> RewardResult:
 def poisoned(text: str, example: Example) -> RewardResult:
     """A reward that breaks training (NaN): the collapse guard must catch the non-finite loss at once."""
     return RewardResult(score=float("nan"), correct=False)
+
+
+def text_length(text: str, example: Example) -> RewardResult:
+    """Dense for any model: the decoded response's length in characters (samples of a random model differ)."""
+    return RewardResult(score=len(text) / 100, correct=len(text) > 20)
