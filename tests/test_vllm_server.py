@@ -4,8 +4,9 @@ One server per module, started with the command `adaptercl recipe serve` runs (`
 runtime LoRA loading on), on tiny-random in float32. Equivalences: greedy server rollouts == greedy transformers
 for two adapters and both at once; a sync serves the new weights under a new name and the old name is gone from
 the server (/v1/models, and a request naming it is refused); the server's logprobs are the trainer's; a GRPO stage
-runs end to end, and a server failure mid-stage stops it at its last checkpoint, from which a rerun finishes. An
-unreachable server is one line. The parallel sizes reach vLLM's LLM kwargs and the serve command lines.
+runs end to end, and a server failure mid-stage stops it at its last checkpoint, from which a rerun finishes; a
+2-rank gloo run of it equals a 1-process run against the same server, rank 0 alone writing. An unreachable server is
+one line. The parallel sizes reach vLLM's LLM kwargs and the serve command lines.
 """
 
 from __future__ import annotations
