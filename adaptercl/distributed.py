@@ -29,7 +29,12 @@ summation order when each rank's rows are whole hf generate batches (rollout.bat
 prompts_per_step / N x group_size; `rollout.hf.batch_seed`). Draws made over a rank's rows rather than the whole
 batch differ from one process's (an equally valid sample, not the same one): LoRA dropout, the distillation mask's
 `distill.mask_ratio` draw and the hybrid's high-entropy top-q selection; the logged distillation fractions are the
-mean over ranks. The in-process vllm engine is refused with N ranks (`run.check_world`).
+mean over ranks.
+
+Rollout engines under N ranks: `hf` generates on each rank's own model; the in-process `vllm` engine is one
+`vllm.LLM` per rank joined to this world (TRL's colocate mode, `rollout/colocate.py`); `vllm_server` ranks share
+one server, rank 0 loading each adapter version (`rollout/vllm_server.py`). Every request is seeded by its row's
+global index (`SamplingParams.first_row`), so the vLLM engines sample each row as one process would.
 """
 
 from __future__ import annotations
@@ -209,14 +214,13 @@ def broadcast_object(obj: T) -> T:
     return box[0]
 
 
-def all_gather_objects(obj: T) -> list[T]:
-    """Every rank's `obj`, in rank order ([obj] for 1 process)."""
-    w = world()
-    if w.size == 1:
+def all_gather_objects(obj: T, group: Any = None) -> list[T]:
+    """Every rank's `obj`, in rank order ([obj] for 1 process); within `group` (a subgroup) when given."""
+    if world().size == 1:
         return [obj]
-    out: list[Any] = [None] * w.size
+    out: list[Any] = [None] * dist.get_world_size(group)
     pickle.dumps(obj)  # an unpicklable object fails here, on its own rank, with the real error
-    _collective("all_gather", lambda: dist.all_gather_object(out, obj))
+    _collective("all_gather", lambda: dist.all_gather_object(out, obj, group=group))
     return out
 
 

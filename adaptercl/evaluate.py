@@ -34,7 +34,9 @@ def evaluate_domain(
     lo, hi = distributed.shard_bounds(len(examples))  # this rank's share (all of them for 1 process)
     prompts = [encode_chat(tokenizer, ex.messages) for ex in examples[lo:hi]]
     params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True, n=1)
-    completions = [g[0] for g in engine.generate(prompts, adapters, params)] if prompts else []
+    # every rank asks, even with no share: the vLLM engines' generate is collective under N ranks
+    asks = prompts or distributed.world().size > 1
+    completions = [g[0] for g in engine.generate(prompts, adapters, params)] if asks else []
     texts, ids = [c.text for c in completions], [c.token_ids for c in completions]
     results = domain.score(texts, ids, examples[lo:hi]) if completions else []
     records = distributed.gather_lists(

@@ -103,8 +103,9 @@ class RolloutConfig(ConfigBlock):
         1,
         ge=1,
         description="vLLM in process: GPUs the rollout engine shards the base over (vLLM's tensor parallelism). "
-        "The in-process engine has no data parallelism; serve replicas with `adaptercl serve --data-parallel-size` "
-        "and use `engine: vllm_server`.",
+        "Under N data-parallel ranks each group of this many ranks shares one engine (it must divide N; "
+        "`rollout/colocate.py`); for replicas on other GPUs, `adaptercl serve --data-parallel-size` and "
+        "`engine: vllm_server`.",
     )
     server: RolloutServerConfig = Field(default_factory=RolloutServerConfig)
 

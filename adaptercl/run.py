@@ -78,10 +78,11 @@ def check_world(recipe: RecipeConfig, world: distributed.World) -> None:
     """One-line errors for a recipe that cannot run on `world.size` data-parallel ranks."""
     if world.size == 1:
         return
-    if recipe.stages[0].rollout.engine == "vllm":
+    rollout = recipe.stages[0].rollout
+    if rollout.engine == "vllm" and world.size % rollout.tensor_parallel_size:
         raise RecipeError(
-            f"rollout.engine: vllm runs inside the trainer's process and is not supported with {world.size} "
-            "data-parallel ranks (WORLD_SIZE); use rollout.engine: hf, or launch one process"
+            f"rollout.tensor_parallel_size: {rollout.tensor_parallel_size} GPUs per vLLM engine cannot split "
+            f"{world.size} data-parallel ranks (WORLD_SIZE) into whole groups; use a divisor of {world.size}"
         )
     for stage in recipe.stages:
         if stage.optim.prompts_per_step % world.size:

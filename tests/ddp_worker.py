@@ -52,10 +52,13 @@ def run_rank(rank: int, world_size: int, port: int, raw_recipe: dict, writes_dir
         ADAPTERCL_DIST_TIMEOUT_S="120",
     )  # as torchrun sets them
     import torch
+    import torch.distributed as dist
 
     from adaptercl.config import resolve_recipe
     from adaptercl.run import run_recipe
 
+    if dist.is_initialized():  # forked from a test process where an in-process vLLM engine started a world of 1
+        dist.destroy_process_group()
     torch.set_num_threads(1)  # 2 ranks on a shared 2-core machine
     writes = watch_writes(Path(raw_recipe["output_dir"]))
     try:

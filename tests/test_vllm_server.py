@@ -4,8 +4,9 @@ One server per module, started with the command `adaptercl recipe serve` runs (`
 runtime LoRA loading on), on tiny-random in float32. Equivalences: greedy server rollouts == greedy transformers
 for two adapters and both at once; a sync serves the new weights under a new name and the old name is gone from
 the server (/v1/models, and a request naming it is refused); the server's logprobs are the trainer's; a GRPO stage
-runs end to end, and a server failure mid-stage stops it at its last checkpoint, from which a rerun finishes. An
-unreachable server is one line. The parallel sizes reach vLLM's LLM kwargs and the serve command lines.
+runs end to end, and a server failure mid-stage stops it at its last checkpoint, from which a rerun finishes; a
+2-rank gloo run of it equals a 1-process run against the same server, rank 0 alone writing. An unreachable server is
+one line. The parallel sizes reach vLLM's LLM kwargs and the serve command lines.
 """
 
 from __future__ import annotations
@@ -345,3 +346,43 @@ def test_a_stage_runs_end_to_end_and_resumes_after_the_server_failed(server, tmp
     assert [m["step"] for m in lines] == [1, 2] and (stage / "done.json").is_file()
     assert not (tmp_path / "run" / "rollout-adapters").exists()  # the failed engine's left over too
     assert not [n for n in server_model_ids(server) if "@" in n]  # and unloaded them from the server
+
+
+@pytest.mark.vllm
+def test_two_ranks_against_the_server_equal_one_process_and_only_rank_0_writes(server, tmp_path):
+    """A 2-rank gloo run (forked ranks, as tests/test_distributed.py) of a GRPO stage against the server: each rank
+    asks for its own prompt's group, rank 0 alone loads the adapter versions; the adapters equal a 1-process run's
+    against the same server, and rank 1 wrote nothing."""
+    from ddp_worker import run_rank
+    from safetensors.torch import load_file
+
+    from adaptercl.run import run_recipe
+
+    def recipe(out):  # 2 prompts x group 4 per step: one prompt per rank; a dense reward, so the adapters move
+        raw = raw_recipe(out, url=server.url, lora={"r": 4, "alpha": 8, "dropout": 0.0})
+        raw["domains"][0]["reward"] = "tiny_rewards:char_length"
+        return raw
+
+    one, two, writes = tmp_path / "one", tmp_path / "two", tmp_path / "writes"
+    run_recipe(resolve_recipe(recipe(one)))
+    writes.mkdir()
+    args = (2, free_port(), recipe(two), str(writes))
+    torch.multiprocessing.start_processes(run_rank, args=args, nprocs=2, start_method="fork")
+
+    stage = "stage-01-one"
+    a = load_file(str(one / stage / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(two / stage / "adapter" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and any(a[k].abs().max() > 0 for k in a if "lora_B" in k)  # it trained
+    print(f"largest adapter difference 1 process vs 2 ranks: {max((a[k] - b[k]).abs().max().item() for k in a):.3g}")
+    for k in a:  # float32 summation order differs (the all-reduce): 1 % of an Adam step
+        torch.testing.assert_close(b[k], a[k], rtol=0, atol=5e-3 * 1e-2)
+    m1, m2 = ([json.loads(x) for x in (d / stage / "metrics.jsonl").read_text().splitlines()] for d in (one, two))
+    assert [r["step"] for r in m2] == [1, 2]
+    for r1, r2 in zip(m1, m2):  # the same rows sampled (seeds by global row) and scored
+        assert (r2["reward_mean"], r2["response_len_mean"]) == (r1["reward_mean"], r1["response_len_mean"])
+
+    rank0, rank1 = (json.loads((writes / f"rank-{r}.json").read_text()) for r in (0, 1))
+    assert rank1 == []  # rank 1 wrote nothing under the run directory, adapter versions included
+    assert any("rollout-adapters" in w for w in rank0) and any("summary.json" in w for w in rank0)
+    assert not (two / "rollout-adapters").exists()  # closed: every version unloaded and deleted
+    assert not [n for n in server_model_ids(server) if "@" in n]

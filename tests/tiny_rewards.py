@@ -37,3 +37,8 @@ def two_values(prompts, completions, completion_ids, **kwargs):
 def three_args(a, b, c):
     """Neither a native nor a TRL reward."""
     return 0.0
+
+
+def char_length(text: str, example: Example) -> RewardResult:
+    """Dense for any model: the decoded response's length in characters (samples of a random model differ)."""
+    return RewardResult(score=len(text) / 100, correct=len(text) > 20)

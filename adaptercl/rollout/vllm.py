@@ -29,17 +29,18 @@ The 4-bit base (docs/design.md §6):
 Logprobs: `SamplingParams.logprobs` returns each sampled token's logprob under logits / temperature
 (`logprobs_mode="processed_logprobs"`), the trainer's definition. Two departures, both outside the defaults:
 with `top_p < 1` they are the nucleus-renormalised sampling probabilities (the true behaviour policy), and
-greedy logprobs are at temperature 1. Prompt i's samples use seeds `params.seed + i*n + j`.
+greedy logprobs are at temperature 1. Prompt i's samples use seeds `params.seed + params.first_row + i*n + j`
+(the global row index: the same rows under N data-parallel ranks as in one process).
 
 Engine settings come from the recipe's rollout block (the same in every stage): `gpu_memory_utilization`,
 `enable_sleep_mode`, `max_loras` (GPU adapter slots; each request carries one combined adapter, so 2 cover the
 policy plus one other combination), `max_lora_rank` (default: the largest combined rank the recipe can need,
-rounded up to a rank vLLM accepts), `max_model_len`, `tensor_parallel_size` (GPUs the base is sharded over; vLLM's
-in-process `LLM` has no data parallelism: for that, serve with `adaptercl serve --data-parallel-size` or `vllm serve`
-and use the `vllm_server` engine). On CPU the KV cache is `VLLM_CPU_KVCACHE_SPACE` GiB when
-set, else 1 GiB. `VLLM_ENABLE_V1_MULTIPROCESSING` defaults to 0 (the engine core runs in this process: on CPU it
-starts in about half the time) and `VLLM_NO_USAGE_STATS` to 1; a script that builds the engine needs an
-`if __name__ == "__main__":` guard.
+rounded up to a rank vLLM accepts), `max_model_len`, `tensor_parallel_size` (GPUs the base is sharded over). Under N
+data-parallel ranks each rank builds its own engine joined to the training world (`colocate.py`, TRL's colocate
+mode: external launcher, tensor-parallel groups of `tensor_parallel_size` ranks). On CPU the KV cache is
+`VLLM_CPU_KVCACHE_SPACE` GiB when set, else 1 GiB. `VLLM_ENABLE_V1_MULTIPROCESSING` defaults to 0 (the engine core
+runs in this process: on CPU it starts in about half the time) and `VLLM_NO_USAGE_STATS` to 1; a script that builds
+the engine needs an `if __name__ == "__main__":` guard.
 """
 
 from __future__ import annotations
@@ -54,11 +55,13 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from adaptercl import distributed
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.continual import max_served_rank
 from adaptercl.model import servable_base_path
 from adaptercl.rollout import Completion, SamplingParams
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
+from adaptercl.rollout.colocate import launcher_kwargs, tensor_parallel_group
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
 from adaptercl.vllm_settings import (  # noqa: F401 - INSTALL_HINT re-exported for callers of this module
     BNB_PLUGIN_HINT,
@@ -115,6 +118,8 @@ class VLLMEngine:
         self.model = model
         self.tokenizer = tokenizer
         self.serve_path = serve_path
+        world = distributed.world()  # N ranks: this rank's engine, one of N colocated ones (colocate.py)
+        # this rank's own scratch folder (never the run directory, which rank 0 alone writes)
         self._workdir = Path(tempfile.mkdtemp(prefix="adaptercl-vllm-", dir=_fast_tmp_dir()))
         serve_path = servable_base_path(serve_path, self._workdir / "base")
         self.stop_ids = stop_token_ids(model, tokenizer)
@@ -132,6 +137,7 @@ class VLLMEngine:
             "generation_config": "vllm",  # no sampling defaults from the model's generation_config.json
             "max_model_len": max_model_len or default_max_model_len(serve_path),
             "tensor_parallel_size": tensor_parallel_size,  # GPUs the engine shards the base over
+            **launcher_kwargs(world, tensor_parallel_size, seed),  # N ranks: external launcher, seed per TP group
         }
         if quantization is not None:
             kwargs["quantization"] = quantization
@@ -146,6 +152,7 @@ class VLLMEngine:
             kwargs["enforce_eager"] = True  # LoRA disables compilation on CPU anyway
             if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        self.tp_group = tensor_parallel_group(world, tensor_parallel_size)
         self.llm = LLM(**kwargs)
         import vllm
 
@@ -154,6 +161,8 @@ class VLLMEngine:
             f"vLLM {vllm.__version__} serving {self.serve_path} ({served}); LoRA: {max_loras} slots, rank <= "
             f"{kwargs['max_lora_rank']}; sleep mode {'on' if self.sleep_supported else 'off'}"
         )
+        if world.size > 1:
+            self.description += f"; one engine per rank ({world.size} ranks, external launcher)"
         self.asleep = False
         self.versions = AdapterVersions(
             self.serve_path, self._workdir, kwargs["max_cpu_loras"], load=self._add_lora, unload=self._remove_lora
@@ -231,6 +240,13 @@ class VLLMEngine:
 
         self.wake()
         request = self.prepare(adapters)
+        # prompt i's seed is its global row's (vLLM gives sample j of the request seed + j)
+        requests = [(list(p), params.seed + params.first_row + i * params.n) for i, p in enumerate(prompts)]
+        mine = slice(0, len(requests))
+        if self.tp_group is not None:  # the group's engines run the same requests; this rank keeps its own
+            requests, mine = self.tp_group.gather(requests)
+        if not requests:  # a data-parallel rank with no share (a short evaluation)
+            return []
         sampling = [
             VllmSamplingParams(
                 n=params.n,
@@ -240,16 +256,16 @@ class VLLMEngine:
                 top_k=0,
                 min_p=0.0,
                 repetition_penalty=1.0,
-                seed=params.seed + i * params.n,  # vLLM gives sample j of the request seed + j
+                seed=seed,
                 stop_token_ids=self.stop_ids,
                 logprobs=0 if params.logprobs else None,  # the sampled token's logprob only
                 detokenize=False,  # decoded below with the trainer's tokenizer
             )
-            for i in range(len(prompts))
+            for _, seed in requests
         ]
         outputs = self.llm.generate(
-            [{"prompt_token_ids": list(p)} for p in prompts], sampling, lora_request=request, use_tqdm=False
-        )
+            [{"prompt_token_ids": p} for p, _ in requests], sampling, lora_request=request, use_tqdm=False
+        )[mine]
         result = []
         for prompt, out in zip(prompts, outputs):
             group = []

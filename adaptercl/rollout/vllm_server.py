@@ -25,8 +25,14 @@ earlier engine of the run left on the server (it was killed, or failed) and dele
 Requests: one `POST /v1/completions` per prompt (its group of n samples), sent concurrently; the prompt goes as
 token ids and `return_token_ids` brings the sampled ids back, so the trainer's tokenizer alone encodes and decodes.
 Sampling is the hf engine's (temperature, top_p, top_k off, no penalties, its stop token ids; greedy =
-temperature 0) and prompt i's request has seed `params.seed + i*n`, as in the in-process engine (vLLM gives sample
-j seed + j). With `params.logprobs`, `logprobs: 0` returns each sampled token's logprob.
+temperature 0) and prompt i's request has seed `params.seed + params.first_row + i*n` (its global row index), as in the
+in-process engine (vLLM gives sample j seed + j). With `params.logprobs`, `logprobs: 0` returns each sampled token's
+logprob.
+
+Under N data-parallel ranks (`distributed.py`) the ranks share the server: rank 0 alone writes and loads each adapter
+version (and unloads the one it replaces once every rank has finished its requests: a barrier first) and broadcasts
+the served name; every rank then requests completions for its own share of the prompts under that name, seeded by
+global row as above, so the rows are sampled as one process would. Ranks > 0 write nothing.
 
 Failures: a request that cannot connect, times out or gets a 5xx answer is retried `rollout.server.retries` times
 with exponential backoff; then, or on a refusal (4xx), a one-line `RolloutServerError` names the server, the request
@@ -50,6 +56,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from adaptercl import distributed
 from adaptercl.config import RecipeConfig, RecipeError, RolloutServerConfig
 from adaptercl.rollout import Completion, RolloutServerError, SamplingParams
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
@@ -91,14 +98,16 @@ class VLLMServerEngine:
                 )
             headers["Authorization"] = f"Bearer {key}"
         self._client = httpx.Client(base_url=self.url, timeout=settings.timeout_s, headers=headers)
-        self.tag = uuid.uuid4().hex[:8]  # this engine's names and folders
+        self.world = distributed.world()  # N ranks: rank 0 writes and loads the adapter versions for all
+        self.tag = distributed.broadcast_object(uuid.uuid4().hex[:8])  # this engine's names and folders
         self.workdir = Path(adapter_dir).expanduser().absolute() / self.tag
         server_dir = settings.server_adapter_dir or str(Path(adapter_dir).expanduser().absolute())
         self.server_workdir = f"{server_dir.rstrip('/')}/{self.tag}"
         self.base_model = self._check_server()
-        if reclaim:  # a folder this run owns: what an earlier engine of the run left (killed, or failed) goes
+        if reclaim and self.world.is_main:  # a folder this run owns: what an earlier engine of the run left goes
             self._reclaim(server_dir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.world.is_main:
+            self.workdir.mkdir(parents=True, exist_ok=True)
         self._closing = False
         self.versions = AdapterVersions(serve_path, self.workdir, MAX_SERVED, load=self._load, unload=self._unload)
         self.description = (
@@ -118,16 +127,15 @@ class VLLMServerEngine:
 
     def sync_adapters(self, names: list[str]) -> None:
         """Snapshot the current weights of these adapters; the next rollout under them loads the new version."""
-        self.versions.sync(self.model, names)
+        if self.world.is_main:  # the one rank that loads versions (every rank holds the same weights)
+            self.versions.sync(self.model, names)
 
     def generate(
         self, prompts: list[list[int]], adapters: list[str] | None, params: SamplingParams
     ) -> list[list[Completion]]:
-        served = self.versions.prepare(self.model, adapters)
-        model_name = self.base_model if served is None else served.handle
-        bodies = [
-            self._completion_body(model_name, p, params, params.seed + i * params.n) for i, p in enumerate(prompts)
-        ]
+        model_name = self._model_name(adapters)
+        first = params.seed + params.first_row  # prompt i's seed is its global row's
+        bodies = [self._completion_body(model_name, p, params, first + i * params.n) for i, p in enumerate(prompts)]
         with ThreadPoolExecutor(max_workers=max(1, min(MAX_IN_FLIGHT, len(bodies)))) as pool:
             answers = list(pool.map(lambda body: self._request("POST", "/v1/completions", body), bodies))
         return [self._group(prompt, answer, params) for prompt, answer in zip(prompts, answers)]
@@ -141,10 +149,12 @@ class VLLMServerEngine:
     def close(self) -> None:
         """Unload every adapter version this engine loaded (best effort: the server may be gone) and delete them."""
         self._closing = True
-        self.versions.close()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-        with contextlib.suppress(OSError):  # the adapter folder itself when no other engine uses it
-            self.workdir.parent.rmdir()
+        distributed.barrier()  # every rank's last requests are answered before rank 0 unloads
+        if self.world.is_main:
+            self.versions.close()
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            with contextlib.suppress(OSError):  # the adapter folder itself when no other engine uses it
+                self.workdir.parent.rmdir()
         self._client.close()
 
     # ---- what the server holds
@@ -258,6 +268,26 @@ class VLLMServerEngine:
         return base
 
     # ---- adapter versions on the server
+
+    def _model_name(self, adapters: list[str] | None) -> str:
+        """The server-side name serving exactly `adapters` (the base's for None), loaded on first use. Under N ranks
+        rank 0 loads it, after every rank has finished its requests (the version it replaces is unloaded), and tells
+        the others; a server error on rank 0 is raised on every rank."""
+        if self.world.size == 1:
+            served = self.versions.prepare(self.model, adapters)
+            return self.base_model if served is None else served.handle
+        distributed.barrier()
+        answer: tuple[str | None, str | None] = (None, None)
+        if self.world.is_main:
+            try:
+                served = self.versions.prepare(self.model, adapters)
+                answer = (self.base_model if served is None else served.handle, None)
+            except RolloutServerError as err:
+                answer = (None, str(err))
+        name, error = distributed.broadcast_object(answer)
+        if error is not None:
+            raise RolloutServerError(error)
+        return name
 
     def _reclaim(self, server_dir: str) -> None:
         """Unload the adapters an earlier engine loaded from `server_dir` and delete its folders."""
