@@ -23,6 +23,7 @@ from pathlib import Path
 
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.domains.loading import check_domain
+from adaptercl.rollout_config import ENGINES
 from adaptercl.tracking import require_trackers
 from adaptercl.vllm_settings import require_vllm
 
@@ -33,7 +34,7 @@ def preflight(recipe: RecipeConfig) -> None:
     check_model_path(recipe.model.name)
     for domain in recipe.domains:
         check_domain(domain)
-    if recipe.stages[0].rollout.engine == "vllm":  # one engine serves every stage (config checks they agree)
+    if ENGINES[recipe.stages[0].rollout.engine].needs_local_vllm:  # one engine serves every stage (config checks)
         require_vllm()
     if recipe.eval.lm_eval.tasks:  # lm-eval's task index: a mistyped task fails here, not after stage 1
         from adaptercl.lm_eval_probes import check_tasks

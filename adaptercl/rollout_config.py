@@ -6,12 +6,29 @@ import; `config.py` re-exports it. The engine fields (`ENGINE_FIELDS`) configure
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
 from adaptercl.method_config import ConfigBlock
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """What the run needs to know of a rollout engine before it imports one."""
+
+    home: str | None  # "module:Class" with a `from_recipe(recipe, base, model)`, one per run; None: hf, per model
+    needs_local_vllm: bool  # vLLM must be importable in the trainer's process (preflight's one-line check)
+
+
+# rollout.engine -> its kind (run.Engines builds from this table; no engine name is compared elsewhere in the run)
+ENGINES: dict[str, EngineKind] = {
+    "hf": EngineKind(home=None, needs_local_vllm=False),
+    "vllm": EngineKind(home="adaptercl.rollout.vllm:VLLMEngine", needs_local_vllm=True),
+    "vllm_server": EngineKind(home="adaptercl.rollout.vllm_server:VLLMServerEngine", needs_local_vllm=False),
+}
 
 
 class RolloutServerConfig(ConfigBlock):

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from adaptercl.model import load_base
 from adaptercl.preflight import preflight
 from adaptercl.report import write_report
 from adaptercl.rollout.hf import HFEngine
+from adaptercl.rollout_config import ENGINES
 from adaptercl.run_dir import BEFORE_DIR, RunDir, StageDir
 from adaptercl.stage import run_stage
 from adaptercl.stage_context import StageContext, step_seed
@@ -299,25 +301,22 @@ class Engines:
     def __init__(self, recipe: RecipeConfig, notify: Callable[..., Any]):
         self.recipe, self.notify = recipe, notify
         self.rollout = recipe.stages[0].rollout  # the engine settings are the same in every stage (config validates)
+        self.kind = ENGINES[self.rollout.engine]
         self.base = None
-        self.vllm = None
-        if self.rollout.engine == "vllm":
+        self.vllm = None  # the per-run engine (vllm, vllm_server)
+        if self.kind.needs_local_vllm:
             from adaptercl.vllm_settings import require_vllm
 
             require_vllm()  # a one-line error before the base loads
 
     def for_model(self, model: torch.nn.Module) -> Any:
         """The engine for the model as it is now (the base loaded first: `self.base`)."""
-        if self.rollout.engine == "hf":
+        if self.kind.home is None:  # hf: generate on the live training model
             tok = self.base.tokenizer
             return HFEngine(model, tok, batch_size=self.rollout.batch_size, fold_lora=self.rollout.fold_lora)
         if self.vllm is None:
-            if self.rollout.engine == "vllm_server":
-                from adaptercl.rollout.vllm_server import VLLMServerEngine as engine_class
-            else:
-                from adaptercl.rollout.vllm import VLLMEngine as engine_class
-
-            self.vllm = engine_class.from_recipe(self.recipe, self.base, model)
+            module, name = self.kind.home.split(":")
+            self.vllm = getattr(import_module(module), name).from_recipe(self.recipe, self.base, model)
             self.notify("engine", description=self.vllm.description)
         self.vllm.model = model  # the first adapter wraps the base in a PeftModel
         return self.vllm

@@ -189,3 +189,16 @@ def test_unreachable_hub_dataset_is_one_line_naming_it_and_hf_hub_offline(monkey
         "domains.math.source: cannot load hub dataset 'adaptercl-test/no-such-dataset' split 'test': datasets is "
         "offline (HF_HUB_OFFLINE=1)"
     )
+
+
+def test_every_rollout_engine_the_grammar_allows_has_a_kind_and_an_importable_home():
+    from importlib import import_module
+    from typing import get_args
+
+    from adaptercl.rollout_config import ENGINES, RolloutConfig
+
+    assert set(ENGINES) == set(get_args(RolloutConfig.model_fields["engine"].annotation))
+    for kind in ENGINES.values():
+        if kind.home is not None:
+            module, name = kind.home.split(":")
+            assert hasattr(getattr(import_module(module), name), "from_recipe")
