@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 try:
     __version__ = version("adaptercl")
@@ -33,13 +33,6 @@ _API: dict[str, str] = {
 }
 
 __all__ = ["RecipeConfig", "RecipeError", "RunResult", "__version__", "export_run", "load_recipe", "run_recipe"]
-
-if TYPE_CHECKING:
-    from adaptercl.config import RecipeConfig
-    from adaptercl.export import export_run
-    from adaptercl.recipe import load_recipe
-    from adaptercl.recipe_errors import RecipeError
-    from adaptercl.run import RunResult, run_recipe
 
 
 def __getattr__(name: str) -> Any:

@@ -363,10 +363,8 @@ def _rollout_phase(shape: Shape, recipe: RecipeConfig, prompt: int, limit: float
         if stage.rollout.engine == "hf":
             i = recipe.stages.index(stage)
             for batch in range(stage.rollout.batch_size - 1, 0, -1):
-                if (
-                    _gib(hf_generate_terms(shape, recipe, stage, i, batch, prompt, stage.rollout.max_new_tokens))
-                    <= limit
-                ):
+                smaller = hf_generate_terms(shape, recipe, stage, i, batch, prompt, stage.rollout.max_new_tokens)
+                if _gib(smaller) <= limit:
                     phase.suggestions.append(f"rollout.batch_size={batch}")
                     break
         else:
