@@ -145,7 +145,8 @@ class PlainProgress:
         self.line(f"[{stage}] step {step}/{total} " + " ".join(parts) + f" {per_step:.1f} s/step")
 
     def eval(self, stage: str, done: int, total: int, **_: Any) -> None:
-        self.line(f"[{stage}] eval: {total} domains" if done == 0 else f"[{stage}] eval: {done}/{total} domains")
+        noun = "domain" if total == 1 else "domains"
+        self.line(f"[{stage}] eval: {total} {noun}" if done == 0 else f"[{stage}] eval: {done}/{total} {noun}")
 
     def evaluated(self, stage: str, row: dict, **_: Any) -> None:
         accuracy = ", ".join(f"{d} {r['accuracy']:.3f} (n {r['n']})" for d, r in row.items())
