@@ -194,10 +194,26 @@ class RunDir:
                     f"output_dir {str(self.path)!r} holds a run of a different recipe; choose another output_dir "
                     "(or delete that folder to start over)"
                 ) from None
-            refusal = growth_refusal(old, self.recipe)
+            refusal = growth_refusal(self._produced_part(old), self.recipe)
             if refusal is not None:
                 raise RecipeError(f"output_dir {str(self.path)!r} holds a run of a different recipe: {refusal}")
         write_text(existing, text)
+
+    def _produced_part(self, old: RecipeConfig) -> RecipeConfig:
+        """The part of the stored recipe `old` the run has produced something for, which a new recipe must keep: the
+        stages whose folder exists (started or done), and the domains up to the last one an evaluation row holds or
+        a kept stage trains. The rest (say, stages of an attempt to grow the run that failed before they started)
+        may still change."""
+        stored = RunDir(self.path, old)
+        started = 0
+        while started < len(old.stages) and stored.stage(started).path.is_dir():
+            started += 1
+        used = {s.domain for s in old.stages[:started]}
+        for stage_dir in [stored.before, *stored.stages()[:started]]:
+            if stage_dir.eval.is_file():
+                used |= set(stage_dir.read_eval())
+        kept = max((i + 1 for i, d in enumerate(old.domains) if d.name in used), default=0)
+        return old.model_copy(update={"stages": old.stages[:started], "domains": old.domains[:kept]})
 
 
 def open_run_dir(path: str | Path, command: str) -> RunDir:

@@ -9,8 +9,10 @@ import re
 
 import pytest
 
+from adaptercl.atomic import write_json
 from adaptercl.config import RecipeError, resolve_recipe
 from adaptercl.run import run_recipe
+from adaptercl.run_dir import RunDir
 from adaptercl.run_growth import growth_refusal
 
 ARITH = {"name": "arith", "source": "builtin:arithmetic", "reward": "tiny_rewards:digit_fraction"}
@@ -91,6 +93,26 @@ def test_a_tracker_may_be_added_to_a_finished_run_without_retraining(grown):
     assert "report_to:\n- tensorboard" in (out / "recipe.resolved.yaml").read_text()  # recorded as the run's recipe
     assert (out / "stage-01-one" / "adapter" / "adapter_model.safetensors").read_bytes() == adapter
     run_recipe(resolve_recipe(recipe(out, [ARITH, MCQ], [ONE, TWO])))  # and taken away again
+
+
+def test_what_the_run_has_not_started_may_still_change(tmp_path):
+    """A failed attempt to grow a run (say, a new domain's reward raised before its stage began) records the grown
+    recipe; the corrected recipe is accepted, because nothing was produced for the changed parts yet."""
+    RunDir(tmp_path, resolve_recipe(recipe(tmp_path, [ARITH, MCQ], [ONE, TWO]))).claim()
+    fixed = resolve_recipe(recipe(tmp_path, [ARITH, {**MCQ, "num_train": 20}], [ONE, {**TWO, "optim": {"lr": 1e-3}}]))
+    RunDir(tmp_path, fixed).claim()  # nothing started: accepted, and recorded
+    (tmp_path / "stage-00-before").mkdir()
+    write_json(tmp_path / "stage-00-before" / "eval.json", {"arith": {}, "mcq": {}})  # both domains evaluated
+    (tmp_path / "stage-01-one").mkdir()  # stage 1 started
+    changed_domain = resolve_recipe(recipe(tmp_path, [ARITH, MCQ], [ONE, {**TWO, "optim": {"lr": 1e-3}}]))
+    with pytest.raises(RecipeError, match=r"domains\.mcq differs .*num_train"):
+        RunDir(tmp_path, changed_domain).claim()
+    changed_stage = resolve_recipe(
+        recipe(tmp_path, [ARITH, {**MCQ, "num_train": 20}], [{**ONE, "optim": {"lr": 1e-4}}, TWO])
+    )
+    with pytest.raises(RecipeError, match=r"stage 1 'one' differs from the run's: optim\.lr"):
+        RunDir(tmp_path, changed_stage).claim()
+    RunDir(tmp_path, resolve_recipe(recipe(tmp_path, [ARITH, {**MCQ, "num_train": 20}], [ONE, TWO]))).claim()
 
 
 def test_a_changed_earlier_stage_is_refused_naming_the_field(grown):
