@@ -14,7 +14,8 @@ resumes the run; a recipe that *extends* it grows the run:
 finished stage) are completed with the new domains by evaluating them on that stage's saved adapters, so the matrix
 stays complete and BWT/FWT stay defined; their drift.json is not extended. Anything else is refused with one line
 naming the first field that differs (`growth_refusal`). The run directory compares only what it has produced
-something for (`run_dir.RunDir.claim`): stages not started and domains no evaluation row holds may still change. Pure comparison of two resolved recipes; no torch import.
+something for (`run_dir.RunDir.claim`): stages not started and domains no evaluation row holds may still change.
+Pure comparison of two resolved recipes; no torch import.
 """
 
 from __future__ import annotations
