@@ -1,5 +1,5 @@
-"""One data-parallel rank of tests/test_distributed.py, forked from the test process (no second import of torch and
-transformers): the launcher's environment variables, a record of every write under the run directory (a Python
+"""One data-parallel rank of tests/test_distributed.py and tests/test_vllm_server.py, spawned from the test process
+(`torch.multiprocessing.start_processes`, as torchrun would start it): the launcher's environment variables, a record of every write under the run directory (a Python
 audit hook noting files opened for writing, folders made, renames and removals there), then the real `run_recipe`.
 """
 
@@ -57,7 +57,9 @@ def run_rank(rank: int, world_size: int, port: int, raw_recipe: dict, writes_dir
     from adaptercl.config import resolve_recipe
     from adaptercl.run import run_recipe
 
-    if dist.is_initialized():  # forked from a test process where an in-process vLLM engine started a world of 1
+    if (
+        dist.is_initialized()
+    ):  # inherited (a forked start) from a process where an in-process vLLM started a world of 1
         dist.destroy_process_group()
     torch.set_num_threads(1)  # 2 ranks on a shared 2-core machine
     writes = watch_writes(Path(raw_recipe["output_dir"]))

@@ -87,9 +87,9 @@ def test_two_process_run_equals_one_process_run_and_only_rank_0_writes(tmp_path)
     run_recipe(resolve_recipe(ddp_recipe(one)))  # also fills the tiny-random cache before the 2 processes start
     writes = tmp_path / "writes"
     writes.mkdir()
-    # forked ranks (the test process's imports are inherited), gloo over the loopback address
+    # spawned ranks (a fork of a test process that has run threads, vLLM say, can crash), gloo over the loopback
     args = (2, _free_port(), ddp_recipe(two), str(writes))
-    torch.multiprocessing.start_processes(run_rank, args=args, nprocs=2, start_method="fork")
+    torch.multiprocessing.start_processes(run_rank, args=args, nprocs=2, start_method="spawn")
 
     stage = "stage-01-one"
     a = load_file(str(one / stage / "adapter" / "adapter_model.safetensors"))

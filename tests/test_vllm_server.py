@@ -350,7 +350,7 @@ def test_a_stage_runs_end_to_end_and_resumes_after_the_server_failed(server, tmp
 
 @pytest.mark.vllm
 def test_two_ranks_against_the_server_equal_one_process_and_only_rank_0_writes(server, tmp_path):
-    """A 2-rank gloo run (forked ranks, as tests/test_distributed.py) of a GRPO stage against the server: each rank
+    """A 2-rank gloo run (spawned ranks; tests/ddp_worker.py) of a GRPO stage against the server: each rank
     asks for its own prompt's group, rank 0 alone loads the adapter versions; the adapters equal a 1-process run's
     against the same server, and rank 1 wrote nothing."""
     from ddp_worker import run_rank
@@ -367,7 +367,8 @@ def test_two_ranks_against_the_server_equal_one_process_and_only_rank_0_writes(s
     run_recipe(resolve_recipe(recipe(one)))
     writes.mkdir()
     args = (2, free_port(), recipe(two), str(writes))
-    torch.multiprocessing.start_processes(run_rank, args=args, nprocs=2, start_method="fork")
+    # spawned, not forked: this process has run vLLM engines and HTTP client threads (a fork of it can segfault)
+    torch.multiprocessing.start_processes(run_rank, args=args, nprocs=2, start_method="spawn")
 
     stage = "stage-01-one"
     a = load_file(str(one / stage / "adapter" / "adapter_model.safetensors"))
