@@ -1,6 +1,7 @@
 """One data-parallel rank of tests/test_distributed.py and tests/test_vllm_server.py, spawned from the test process
-(`torch.multiprocessing.start_processes`, as torchrun would start it): the launcher's environment variables, a record of every write under the run directory (a Python
-audit hook noting files opened for writing, folders made, renames and removals there), then the real `run_recipe`.
+(`torch.multiprocessing.start_processes`, as torchrun would start it): the launcher's environment variables, a
+record of every write under the run directory (a Python audit hook noting files opened for writing, folders made,
+renames and removals there), then the real `run_recipe`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A new user's journey, end to end on SmolLM2-135M-Instruct (issue 19): their own multiple-choice dataset through a
 prompt template, a tracked run (TensorBoard + trackio) with rollout samples in its report, an eval-only call, the run
-grown by a stage whose domain is scored by TRL's own reward functions, and the shipped combined adapter evaluated
-alone. Every step is the real CLI (`python -m adaptercl.cli`), output to a log file (not a terminal, so the plain
-progress lines), and every claim below is read back from what the commands wrote.
+grown by a stage whose domain is scored by TRL's own reward functions, and the shipped adapters evaluated alone.
+Every step is the real CLI (`python -m adaptercl.cli`), output to a log file (not a terminal, so the plain progress
+lines), and every claim below is read back from what the commands wrote.
 
     HF_HUB_OFFLINE=1 python benchmarks/user_journey/run.py            # from the repository root; needs ../shared/data
 
@@ -88,18 +88,13 @@ def main() -> None:
     metrics = [json.loads(line) for line in (RUN / "stage-02-math" / "metrics.jsonl").read_text().splitlines()]
     step3["math_reward_mean_per_step"] = [round(m["reward_mean"], 4) for m in metrics if "event" not in m]
 
-    # 4. ship and evaluate the combined adapter alone on the grown recipe's domains
+    # 4. ship the per-domain adapters and evaluate each alone on the grown recipe's domains (math: the last stage's
+    # adapter, which under `init: continue` is the whole model)
     out["steps"]["export"] = cli("export", str(RUN), "--out", str(EXPORT), log="export")
     out["steps"]["export"].pop("log")
-    out["steps"]["eval_adapter"] = step4 = cli(
-        "eval",
-        str(HERE / "stage2.yaml"),
-        "--adapter",
-        str(EXPORT / "combined"),
-        "--out",
-        str(ADAPTER_EVAL),
-        log="eval-adapter",
-    )
+    adapters = [arg for domain in ("arc", "math") for arg in ("--adapter", str(EXPORT / domain))]
+    eval_args = ["eval", str(HERE / "stage2.yaml"), *adapters, "--out", str(ADAPTER_EVAL)]
+    out["steps"]["eval_adapter"] = step4 = cli(*eval_args, log="eval-adapter")
     step4.pop("log")
     rows = read_json(ADAPTER_EVAL / "summary.json")
     step4["summary"] = rows
