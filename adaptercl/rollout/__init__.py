@@ -10,7 +10,7 @@ and `vllm_server` (a running vLLM OpenAI-compatible server on other GPUs or host
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,19 @@ class Completion:
     text: str  # decoded response without special tokens
     finish_reason: str  # "stop" or "length"
     logprobs: list[float] | None = field(default=None)  # one per token_ids entry, when asked for
+
+    @classmethod
+    def from_tokens(
+        cls, prompt: list[int], tokens: list[int], tokenizer: Any, stop_ids: list[int], logprobs: list[float] | None
+    ) -> Completion:
+        """A vLLM sample (in process or from a server): decoded text, and "stop" when its last token is a stop id."""
+        return cls(
+            prompt_ids=list(prompt),
+            token_ids=tokens,
+            text=tokenizer.decode(tokens, skip_special_tokens=True),
+            finish_reason="stop" if tokens and tokens[-1] in stop_ids else "length",
+            logprobs=logprobs,
+        )
 
 
 class RolloutServerError(RuntimeError):

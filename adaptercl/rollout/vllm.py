@@ -274,15 +274,7 @@ class VLLMEngine:
                 logprobs = None
                 if params.logprobs:
                     logprobs = [step[t].logprob for step, t in zip(sample.logprobs, tokens)]
-                group.append(
-                    Completion(
-                        prompt_ids=list(prompt),
-                        token_ids=tokens,
-                        text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-                        finish_reason="stop" if tokens and tokens[-1] in self.stop_ids else "length",
-                        logprobs=logprobs,
-                    )
-                )
+                group.append(Completion.from_tokens(prompt, tokens, self.tokenizer, self.stop_ids, logprobs))
             result.append(group)
         return result
 

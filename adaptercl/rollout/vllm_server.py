@@ -200,15 +200,7 @@ class VLLMServerEngine:
                         f"rollout server {self.url}: {len(logprobs)} logprobs for {len(tokens)} tokens in a "
                         "completion; is it a vLLM server?"
                     )
-            group.append(
-                Completion(
-                    prompt_ids=list(prompt),
-                    token_ids=tokens,
-                    text=self.tokenizer.decode(tokens, skip_special_tokens=True),
-                    finish_reason="stop" if tokens and tokens[-1] in self.stop_ids else "length",
-                    logprobs=logprobs,
-                )
-            )
+            group.append(Completion.from_tokens(prompt, tokens, self.tokenizer, self.stop_ids, logprobs))
         if len(group) != params.n:
             raise RolloutServerError(f"rollout server {self.url}: {len(group)} completions for n={params.n}")
         return group
