@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/, for the shared provenance.py
 
-from provenance import provenance  # noqa: E402
+from provenance import markdown_table, provenance  # noqa: E402
 
 from adaptercl.stats import wilson_interval  # noqa: E402
 
@@ -125,6 +125,11 @@ def cell(accuracy: float, n: int) -> str:
     return f"{accuracy:.3f} [{lo:.2f}, {hi:.2f}] (n {n})"
 
 
+def accuracy_table(first: str, rows: list[str], domains: list[str], accuracy: list[list[float]], n: int) -> str:
+    """One row per model (a stage, an adapter), one column per domain, each cell with n and its interval."""
+    return markdown_table([first, *domains], [[name, *(cell(a, n) for a in row)] for name, row in zip(rows, accuracy)])
+
+
 def markdown(out: dict) -> str:
     """results.md from results.json: what each step ran, how long it took, and what was read back."""
     steps, version = out["steps"], out["provenance"]["versions"]
@@ -162,21 +167,11 @@ def markdown(out: dict) -> str:
         "",
         "Accuracy matrix of the grown run (rows: after each stage; `summary.json`):",
         "",
-        "| after | " + " | ".join(summary["domains"]) + " |",
-        "| --- |" + " --- |" * len(summary["domains"]),
-        *[
-            f"| {stage} | " + " | ".join(cell(a, n) for a in row) + " |"
-            for stage, row in zip(summary["stages"], summary["accuracy"])
-        ],
+        accuracy_table("after", summary["stages"], summary["domains"], summary["accuracy"], n),
         "",
         "Shipped adapters evaluated alone (`adaptercl eval --adapter`):",
         "",
-        "| adapter | " + " | ".join(shipped["domains"]) + " |",
-        "| --- |" + " --- |" * len(shipped["domains"]),
-        *[
-            f"| {m} | " + " | ".join(cell(a, n) for a in row) + " |"
-            for m, row in zip(shipped["models"], shipped["accuracy"])
-        ],
+        accuracy_table("adapter", shipped["models"], shipped["domains"], shipped["accuracy"], n),
         "",
         f"TensorBoard: {out['tensorboard']['tags']} scalar tags; `stage-02-math/reward_mean` at global steps "
         f"{[s for s, _ in out['tensorboard']['stage-02-math/reward_mean']]} equals metrics.jsonl: "
