@@ -144,6 +144,7 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
             **(distributed.mean_dicts(targets.stats) if targets is not None else {}),
             **train_stats,
             **_length_stats(samples_log),
+            **reward_component_stats([s[5] for s in samples_log]),
             **(ctx.teacher.stats() if ctx.teacher is not None else {}),
             "lr": lr,
             "time_rollout_s": t_rollout,
@@ -228,12 +229,32 @@ def _rollout_logprobs(completions: list[Completion], batch: TokenBatch) -> torch
     return out
 
 
-def _sample_record(c: Completion, r) -> tuple[float, bool, int, bool, float]:
-    """What the step's log needs of one sample: (reward, correct, length, truncated, repeated n-gram rate)."""
-    return (r.score, r.correct, len(c.token_ids), c.finish_reason == "length", repeated_ngram_rate(c.token_ids))
+def _sample_record(c: Completion, r) -> tuple:
+    """What the step's log needs of one sample: (reward, correct, length, truncated, repeated n-gram rate, the TRL
+    reward functions' own rewards)."""
+    return (r.score, r.correct, len(c.token_ids), c.finish_reason == "length", repeated_ngram_rate(c.token_ids),
+            r.components)  # fmt: skip
 
 
-def _length_stats(records: list[tuple[float, bool, int, bool, float]]) -> dict[str, float]:
+def reward_component_stats(components: list[tuple[tuple[str, float], ...]]) -> dict[str, float]:
+    """TRL's per-function reward log over a step's samples: `rewards/<name>/mean` (nanmean) and `/std` (TRL's
+    `nanstd`, unbiased) of each function's unweighted rewards, NaN (a None) left out; nothing for native rewards.
+    Samples of another domain (replay) have other names and count only under theirs."""
+    columns: dict[str, list[float]] = {}
+    for sample in components:
+        for name, value in sample:
+            columns.setdefault(name, []).append(value)
+    stats = {}
+    for name, values in columns.items():
+        x = torch.tensor(values, dtype=torch.float64)  # [n]
+        mean = x.nanmean()
+        n = (~x.isnan()).sum()
+        var = ((x - mean) ** 2).nanmean() * n / (n - 1)  # NaN for fewer than 2 values, as TRL
+        stats[f"rewards/{name}/mean"], stats[f"rewards/{name}/std"] = mean.item(), var.sqrt().item()
+    return stats
+
+
+def _length_stats(records: list[tuple]) -> dict[str, float]:
     lengths = [s[2] for s in records]
     return {
         "response_len_mean": sum(lengths) / len(lengths),

@@ -3,6 +3,7 @@ columns, signature detection, one-line errors, and a real run whose domain is sc
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -54,6 +55,29 @@ def test_trl_rewards_weights_and_none_combine_as_trl(tmp_path):
     completions = [[{"role": "assistant", "content": t}] for t in texts]
     assert accuracy_reward(completions, [r["solution"] for r in ROWS]) == [1.0, 0.0, 1.0]
     assert think_format_reward(completions) == [1.0, 0.0, 1.0]
+
+
+def test_per_function_reward_log_is_trls_nanmean_and_nanstd(tmp_path):
+    """`rewards/<name>/mean|std` as TRL's GRPOTrainer logs them (torch.nanmean, trl's nanstd), a None left out,
+    over the samples of each name only (a replayed native-reward sample has none); names as TRL's
+    get_callable_name, a partial unwrapped and a repeated name numbered."""
+    from trl.trainer.utils import get_callable_name, nanstd
+
+    from adaptercl.stage import reward_component_stats
+
+    d, examples = domain(tmp_path, reward_funcs=["accuracy_reward", "tiny_rewards:recorded"])
+    results = d.score(["\\boxed{0.5}", "\\boxed{4}", "\\boxed{7}"], [[1], [2], [3]], examples)
+    assert [name for name, _ in results[0].components] == ["accuracy_reward", "recorded"]
+    columns = torch.tensor([[v for _, v in r.components] for r in results])  # [N, F]: accuracy 1, 1, 0; recorded 0.25, None, 1
+    stats = reward_component_stats([r.components for r in results] + [()])  # + a native-reward sample
+    for f, name in enumerate(["accuracy_reward", "recorded"]):
+        assert stats[f"rewards/{name}/mean"] == pytest.approx(torch.nanmean(columns[:, f]).item())
+        assert stats[f"rewards/{name}/std"] == pytest.approx(nanstd(columns[:, f]).item())
+    assert stats["rewards/recorded/mean"] == pytest.approx(0.625)  # (0.25 + 1) / 2: the None is left out
+    funcs = [functools.partial(accuracy_reward), accuracy_reward, tiny_rewards.text_length]
+    named = TrlRewards("m", ["a", "b", "c"], funcs, ["trl"] * 3, [1.0] * 3, 1.0, "auto").metric_names()
+    assert [get_callable_name(f) for f in funcs] == ["accuracy_reward", "accuracy_reward", "text_length"]
+    assert named == ["accuracy_reward_0", "accuracy_reward_1", "text_length"]
 
 
 def test_weighted_reward_is_a_nansum_and_all_none_is_unscorable():
@@ -205,6 +229,10 @@ def test_a_run_scored_by_trl_rewards(tmp_path):
     run_recipe(resolve_recipe(raw))
     steps = [r for r in read_jsonl(tmp_path / "run" / "stage-01-one" / "metrics.jsonl") if "event" not in r]
     assert [r["step"] for r in steps] == [1, 2] and all(math.isfinite(r["reward_mean"]) for r in steps)
+    for r in steps:  # TRL's per-function log; `recorded` returned None for every row (no bonus column): NaN
+        acc, think = r["rewards/accuracy_reward/mean"], r["rewards/think_format_reward/mean"]
+        assert 0.0 <= acc <= 1.0 and 0.0 <= think <= 1.0 and math.isnan(r["rewards/recorded/mean"])
+        assert r["reward_mean"] == pytest.approx(1.0 * acc + 0.5 * think, abs=1e-6)  # no None: mean is linear
     train_calls = [c for c in tiny_rewards.TRL_CALLS if len(c["completions"]) == 2 * 4]  # prompts_per_step x G
     assert len(train_calls) == 2  # one batch call per step
     for call in train_calls:

@@ -50,6 +50,9 @@ class RewardResult:
     # teacher only where the domain's `feedback` is "correctness" (`rewards.with_feedback`); a user reward's
     # feedback leaves it False and so passes unless the domain says "none".
     reveals_correctness: bool = False
+    # TRL-style rewards (`trl_rewards.py`): each function's own, unweighted reward, (name, value) in the domain's
+    # order, NaN where it returned None; the step log's `rewards/<name>/mean` and `/std`. Empty for a native reward.
+    components: tuple[tuple[str, float], ...] = ()
 
 
 RewardFn = Callable[[str, Example], RewardResult]  # (completion text, example) -> result

@@ -27,10 +27,14 @@ demonstrations). Departures from TRL, on purpose: a sample for which every funct
 not correct (TRL >= 1.x excludes it from its group's baseline; a warning is logged either way); TRL's trainer-only
 keywords `trainer_state`, `log_extra`, `log_metric` and `environments` are not passed (the functions' defaults
 apply); `normalize_then_sum` and async reward functions are not offered.
+
+Each step's log (metrics.jsonl, the trackers) has TRL's `rewards/<name>/mean` and `rewards/<name>/std` per function
+(unweighted, over the samples where it did not return None; `metric_names`) beside the combined `reward_mean`.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import math
@@ -129,15 +133,28 @@ class TrlRewards:
                 self.domain,
                 int(unscorable.sum()),
             )
+        labels = self.metric_names()
         return [
-            RewardResult(float(r), bool(not u and r >= self.correct_threshold))
-            for r, u in zip(rewards.tolist(), unscorable.tolist())
+            RewardResult(float(r), bool(not u and r >= self.correct_threshold), components=tuple(zip(labels, row)))
+            for r, u, row in zip(rewards.tolist(), unscorable.tolist(), per_func.tolist())
         ]
+
+    def metric_names(self) -> list[str]:
+        """Each function's name in the step log (`rewards/<name>/mean`), as TRL's `get_callable_name`: a partial's
+        wrapped function, a function's `__name__`, else its class; a name used twice gets `_<index>`."""
+        names = [getattr(_unwrap(fn), "__name__", type(fn).__name__) for fn in self.funcs]
+        return [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
 
     def one(self, text: str, example: Example) -> RewardResult:
         """One sample through the batch call; its token ids are unknown here (None), so a function that reads
         `completion_ids` must be reached through `Domain.score`."""
         return self([text], [None], [example])[0]  # type: ignore[list-item]
+
+
+def _unwrap(fn: Callable) -> Callable:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
 
 
 def _column(values: Any, n: int, where: str) -> list[float]:
