@@ -17,12 +17,16 @@ show` opens it) — no Space is created. Each backend's package is an optional e
 it; `require_trackers` (called by `preflight`) names the extra to install in one line.
 
 Tracking runs in the training process only where `is_main_process()` (rank 0 under torch.distributed's RANK), and
-starts at the run's first `load` event, so a rerun of a finished run opens no tracker run. No torch import here.
+starts at the run's first `load` event, so a rerun of a finished run opens no tracker run. A resumed or grown run
+continues the tracker runs it started before (`<output_dir>/tracking.json`: wandb's run id, resumed with
+`resume="allow"`, offline too; trackio's run name, resumed with `resume="allow"`; TensorBoard's folder). No torch
+import here.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import netrc
 import os
 from collections.abc import Callable, Iterator
@@ -31,9 +35,13 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from adaptercl.atomic import write_json
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.rollout_samples import SAMPLE_COLUMNS, markdown_table
 from adaptercl.run_dir import BEFORE_DIR, stage_dir_name
+
+
+TRACKING_FILE = "tracking.json"  # in output_dir: each tracker's run (wandb id, trackio name), for a resume
 
 
 def is_main_process() -> bool:
@@ -42,19 +50,22 @@ def is_main_process() -> bool:
 
 
 class Backend(Protocol):
+    identity: dict[str, str]  # what `resume` needs to continue this tracker run (tracking.json)
+
     def log(self, values: dict[str, float], step: int) -> None: ...
     def log_samples(self, key: str, rows: list[dict], step: int) -> None: ...
     def finish(self) -> None: ...
 
 
 class TensorBoardBackend:
-    def __init__(self, recipe: RecipeConfig, name: str):
+    def __init__(self, recipe: RecipeConfig, name: str, resume: dict[str, str] | None = None):
         from torch.utils.tensorboard import SummaryWriter
 
         from adaptercl.recipe import resolved_yaml
 
         self.log_dir = Path(recipe.output_dir) / "tensorboard" / name
-        self.writer = SummaryWriter(log_dir=str(self.log_dir))
+        self.writer = SummaryWriter(log_dir=str(self.log_dir))  # a resumed run adds an event file to the same dir
+        self.identity = {"log_dir": str(self.log_dir)}
         self.writer.add_text("recipe", "```yaml\n" + resolved_yaml(recipe) + "```", 0)
 
     def log(self, values: dict[str, float], step: int) -> None:
@@ -69,7 +80,7 @@ class TensorBoardBackend:
 
 
 class WandbBackend:
-    def __init__(self, recipe: RecipeConfig, name: str):
+    def __init__(self, recipe: RecipeConfig, name: str, resume: dict[str, str] | None = None):
         import wandb
 
         self.wandb = wandb
@@ -79,7 +90,9 @@ class WandbBackend:
             dir=str(Path(recipe.output_dir)),
             config=recipe.model_dump(mode="json"),
             mode=wandb_mode(),
+            **({"id": resume["id"], "resume": "allow"} if resume else {}),  # the same wandb run (offline: same id)
         )
+        self.identity = {"id": self.run.id}
         self.run.define_metric("global_step")
         self.run.define_metric("*", step_metric="global_step")  # a rollback or resume may log a step again
 
@@ -95,11 +108,17 @@ class WandbBackend:
 
 
 class TrackioBackend:
-    def __init__(self, recipe: RecipeConfig, name: str):
+    def __init__(self, recipe: RecipeConfig, name: str, resume: dict[str, str] | None = None):
         import trackio
 
         self.trackio = trackio
-        self.run = trackio.init(project=recipe.log.project, name=name, config=recipe.model_dump(mode="json"))
+        self.run = trackio.init(  # trackio resumes by name: the latest run of that name in the project
+            project=recipe.log.project,
+            name=resume["name"] if resume else name,
+            config=recipe.model_dump(mode="json"),
+            resume="allow" if resume else "never",
+        )
+        self.identity = {"name": self.run.name}
 
     def log(self, values: dict[str, float], step: int) -> None:
         self.run.log(values, step=step)
@@ -115,7 +134,7 @@ class TrackioBackend:
 
 
 # report_to name -> (module that must be importable, backend); the extra to install has the same name
-BACKENDS: dict[str, tuple[str, Callable[[RecipeConfig, str], Backend]]] = {
+BACKENDS: dict[str, tuple[str, Callable[[RecipeConfig, str, dict[str, str] | None], Backend]]] = {
     "tensorboard": ("tensorboard", TensorBoardBackend),
     "wandb": ("wandb", WandbBackend),
     "trackio": ("trackio", TrackioBackend),
@@ -157,8 +176,13 @@ class Tracker:
         self.total_steps = total
 
     def start(self) -> None:
+        """Open each tracker's run: the run of an earlier start of this output_dir where `tracking.json` names one
+        (a resumed or grown run goes on in the same wandb/trackio run), else a new one, then record them."""
         name = self.recipe.log.run_name or Path(self.recipe.output_dir).resolve().name
-        self.backends = [BACKENDS[n][1](self.recipe, name) for n in self.names]
+        path = Path(self.recipe.output_dir) / TRACKING_FILE
+        earlier = json.loads(path.read_text()) if path.is_file() else {}
+        self.backends = [BACKENDS[n][1](self.recipe, name, earlier.get(n)) for n in self.names]
+        write_json(path, {**earlier, **{n: b.identity for n, b in zip(self.names, self.backends)}})
 
     def __call__(self, kind: str, **info: Any) -> None:
         if kind == "load" and not self.backends:

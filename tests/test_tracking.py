@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,9 +45,19 @@ def tracked_run(tmp_path_factory):
     """The CLI's console on a captured stream (not a terminal), trackio's local store and wandb's offline run under
     tmp. Returns (tmp, run directory, what the console printed)."""
     from rich.console import Console
-    from trackio import sqlite_storage
 
     tmp = tmp_path_factory.mktemp("tracked")
+    with trackers_under(tmp):
+        out = io.StringIO()
+        run_with_progress(resolve_recipe(tracked_recipe(tmp / "run")), Console(file=out))
+    return tmp, tmp / "run", out.getvalue()
+
+
+@contextmanager
+def trackers_under(tmp: Path):
+    """wandb offline without a key or login, and trackio's local store, both under `tmp`."""
+    from trackio import sqlite_storage
+
     with pytest.MonkeyPatch.context() as mp:
         for key in [k for k in os.environ if k.startswith("WANDB_")]:
             mp.delenv(key)  # no key, no mode: wandb must go offline by itself
@@ -55,9 +66,7 @@ def tracked_run(tmp_path_factory):
         mp.setenv("HOME", str(tmp))  # no ~/.netrc (wandb login) here
         mp.setenv("TRACKIO_DIR", str(tmp / "trackio"))
         mp.setattr(sqlite_storage, "TRACKIO_DIR", tmp / "trackio")  # read at import: trackio may be imported
-        out = io.StringIO()
-        run_with_progress(resolve_recipe(tracked_recipe(tmp / "run")), Console(file=out))
-    return tmp, tmp / "run", out.getvalue()
+        yield
 
 
 def test_tensorboard_event_files_read_back_with_the_logged_values(tracked_run):
@@ -102,6 +111,28 @@ def test_wandb_writes_an_offline_run_without_a_key(tracked_run):
     _, run, _ = tracked_run
     offline = list((run / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 1 and offline[0].stat().st_size > 0
+
+
+def test_a_grown_run_goes_on_in_the_same_wandb_and_trackio_runs(tmp_path):
+    """A run started again on its output_dir (here grown by a stage) continues its tracker runs: wandb's offline
+    runs share the first one's id, trackio has one run with both stages' steps, and tracking.json names them."""
+    from trackio import sqlite_storage
+
+    from adaptercl.run import run_recipe
+
+    raw = {**tracked_recipe(tmp_path / "run"), "report_to": ["wandb", "trackio"]}
+    with trackers_under(tmp_path):
+        run_recipe(resolve_recipe({**raw, "stages": raw["stages"][:1]}))
+        first = json.loads((tmp_path / "run" / tracking.TRACKING_FILE).read_text())
+        run_recipe(resolve_recipe(raw))  # the second stage appended: the run resumes and grows
+        runs = sqlite_storage.SQLiteStorage.get_runs("adaptercl")
+        logs = sqlite_storage.SQLiteStorage.get_logs("adaptercl", "tiny")
+    assert json.loads((tmp_path / "run" / tracking.TRACKING_FILE).read_text()) == first
+    offline = sorted((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert len(offline) == 2 and {p.name for p in offline} == {f"run-{first['wandb']['id']}.wandb"}
+    assert first["trackio"] == {"name": "tiny"} and runs == ["tiny"]  # one trackio run, not a second "tiny"
+    steps = [log["step"] for log in logs if "stage-01-one/loss" in log or "stage-02-two/loss" in log]
+    assert steps == [1, 2, 3, 4, 5, 6]  # stage one's steps, then stage two's, in the one trackio run
 
 
 def test_samples_jsonl_keeps_the_chosen_samples_of_every_step_and_the_report_shows_them(tracked_run):
