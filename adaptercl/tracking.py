@@ -40,7 +40,6 @@ from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.rollout_samples import SAMPLE_COLUMNS, markdown_table
 from adaptercl.run_dir import BEFORE_DIR, stage_dir_name
 
-
 TRACKING_FILE = "tracking.json"  # in output_dir: each tracker's run (wandb id, trackio name), for a resume
 
 

@@ -105,7 +105,14 @@ def test_statistics_by_hand(runs):
     assert grpo["per_seed"][0]["cell 2 0"]["ci95"] == pytest.approx(list(analysis.wilson_interval(4, N)))
     assert grpo["per_seed"][0]["stage_forgetting 2"]["value"] == pytest.approx(0.4)
     assert grpo["scalars"]["parameter_drift"]["values"] == [1e-3, 2e-3]
-    checks = {c["measure"]: c for c in analysis.paper_checks(summary, draws)}
+    assert grpo["figures"]["gain 1"]["mean"] == pytest.approx(0.6)
+    assert grpo["figures"]["gain 2"]["mean"] == pytest.approx(0.4)
+    lift_rows = analysis.teacher_lift_table(by)
+    assert "gain 1: sdpo − grpo > 0" not in {c["measure"] for c in analysis.paper_checks(summary, draws)}
+    checks = {c["measure"]: c for c in analysis.paper_checks(summary, draws, lift_rows)}
+    premise = checks["gain 2: sdpo − grpo > 0"]  # sdpo's lift is positive on every seed at both stages
+    assert premise["claim"] == "sdpo specialises faster than GRPO on stage 2 (b), where its teacher lift is positive"
+    assert premise["difference"] == 0.0 and premise["verdict"] == "undecided"
     # sdpo's accuracies are grpo's, resampled with the same draws: the paired difference is exactly 0
     same = checks["forgetting: sdpo − grpo > 0"]
     assert same["ci95"] == [0.0, 0.0] and same["verdict"] == "undecided"
@@ -142,6 +149,7 @@ def test_write_results_files(runs, tmp_path):
     for heading in ("## Teacher lift", "## Does KL predict forgetting?", "## The hybrid's goal", "## Runs"):
         assert heading in md
     assert "| forgetting no worse than GRPO's | forgetting: hybrid − grpo ≤ 0 |" in md
+    assert "| 1 (a) | 2 (b) |" in md and "| grpo | 0.600 [" in md  # the gain per stage, grpo's a: 0.2 -> 0.8
     assert (out / "results.png").stat().st_size > 10_000
 
 

@@ -68,7 +68,9 @@ def test_per_function_reward_log_is_trls_nanmean_and_nanstd(tmp_path):
     d, examples = domain(tmp_path, reward_funcs=["accuracy_reward", "tiny_rewards:recorded"])
     results = d.score(["\\boxed{0.5}", "\\boxed{4}", "\\boxed{7}"], [[1], [2], [3]], examples)
     assert [name for name, _ in results[0].components] == ["accuracy_reward", "recorded"]
-    columns = torch.tensor([[v for _, v in r.components] for r in results])  # [N, F]: accuracy 1, 1, 0; recorded 0.25, None, 1
+    columns = torch.tensor(
+        [[v for _, v in r.components] for r in results]
+    )  # [N, F]: accuracy 1, 1, 0; recorded 0.25, None, 1
     stats = reward_component_stats([r.components for r in results] + [()])  # + a native-reward sample
     for f, name in enumerate(["accuracy_reward", "recorded"]):
         assert stats[f"rewards/{name}/mean"] == pytest.approx(torch.nanmean(columns[:, f]).item())

@@ -31,10 +31,13 @@ SCALARS = ("parameter_drift", "response_kl_to_base", "foreign_format_rate", "rew
 
 
 def figures(acc: torch.Tensor, cols: list[int]) -> dict[str, float | None]:
-    """The bootstrapped figures of one accuracy matrix [K+1, D]: RUN_FIGURES, every cell (`cell k d`) and the
+    """The bootstrapped figures of one accuracy matrix [K+1, D]: RUN_FIGURES, every cell (`cell k d`), each stage's
+    gain on its own domain (`gain k` = a[k, c_k] − a[k−1, c_k], stages 1..K; plasticity is their mean) and the
     forgetting each stage caused (`stage_forgetting k`, stages 2..K)."""
     cl = cl_metrics(acc, cols)
     out: dict[str, float | None] = {f: cl[f] for f in RUN_FIGURES}
+    for k, c in enumerate(cols, start=1):
+        out[f"gain {k}"] = (acc[k, c] - acc[k - 1, c]).item()
     for k, value in enumerate(stage_forgetting(acc, cols), start=1):
         if k > 1:
             out[f"stage_forgetting {k}"] = value
@@ -186,12 +189,26 @@ def compare(summary: dict, draws: dict, claim: str, left: str, right: str, key: 
     }
 
 
-def paper_checks(summary: dict, draws: dict) -> list[dict]:
-    """The SDPO-CL paper's directions ("Denser ≠ Better"), each as a difference with its interval."""
+def paper_checks(summary: dict, draws: dict, lift_rows: list[dict] = ()) -> list[dict]:
+    """The SDPO-CL paper's directions ("Denser ≠ Better"), each as a difference with its interval. "Specialises
+    faster" is also tested stage by stage where its premise holds: on each stage whose teacher lift (`lift_rows`,
+    `teacher_lift_table`) is positive on every seed, the stage's own gain against GRPO's."""
     specs = []
     for dense in ("sdpo", "sdft"):
+        premise = [r for r in lift_rows if r["method"] == dense and r["positive_every_seed"]]
         specs += [
             (f"{dense} specialises faster than GRPO", dense, "grpo", "plasticity", "> 0"),
+            *(
+                (
+                    f"{dense} specialises faster than GRPO on stage {r['stage']} ({r['domain']}), where its "
+                    "teacher lift is positive",
+                    dense,
+                    "grpo",
+                    f"gain {r['stage']}",
+                    "> 0",
+                )
+                for r in premise
+            ),
             (f"{dense} forgets more than GRPO", dense, "grpo", "forgetting", "> 0"),
             (f"{dense} drifts further from the base than GRPO (parameters)", dense, "grpo", "parameter_drift", "> 0"),
             (

@@ -21,6 +21,7 @@ def write_results(
     for r in records:
         runs.setdefault(r["method"], {})[r["seed"]] = r
     summary, draws, seeds = summarise(runs, resamples)
+    lift_rows = teacher_lift_table(runs)
     data = {
         "meta": {
             "setting": setting,
@@ -33,9 +34,9 @@ def write_results(
             "versions": versions(with_git_revision=False),
         },
         "summary": summary,
-        "teacher_lift": teacher_lift_table(runs),
+        "teacher_lift": lift_rows,
         "kl_vs_forgetting": kl_vs_forgetting(summary, runs, resamples),
-        "paper_checks": paper_checks(summary, draws),
+        "paper_checks": paper_checks(summary, draws, lift_rows),
         "hybrid_goal": hybrid_goal(summary, draws, sdpo_variants),
         "runs": [{k: v for k, v in r.items() if k != "correct"} for r in records],
     }
@@ -114,6 +115,14 @@ def markdown(data: dict, runs: dict[str, dict[int, dict]]) -> str:
             + f" | {sci(sc['parameter_drift'])}"
             + f" | {with_ci(sc['response_kl_to_base'])} | {with_ci(sc['reward_drop'])}"
             + f" | {alarms} of {len(s['seeds'])} |"
+        )
+    trained = [domains[c] for c in first["trained_columns"]]
+    L += ["", "## Gain per stage on its own domain (a[k, c_k] − a[k−1, c_k]; plasticity is their mean)", ""]
+    L += ["| method | " + " | ".join(f"{k} ({d})" for k, d in enumerate(trained, start=1)) + " |"]
+    L += ["|---|" + "---|" * len(trained)]
+    for m, s in summary.items():
+        L.append(
+            f"| {m} | " + " | ".join(with_ci(s["figures"][f"gain {k}"]) for k in range(1, len(trained) + 1)) + " |"
         )
     L += ["", "## Accuracy matrices (mean over seeds; rows: before training, after each stage)", ""]
     for m, s in summary.items():
