@@ -110,6 +110,35 @@ def test_two_process_run_equals_one_process_run_and_only_rank_0_writes(tmp_path)
     assert any("metrics.jsonl" in w for w in rank0) and any("summary.json" in w for w in rank0)
 
 
+def test_a_nonfinite_step_on_one_rank_rolls_every_rank_back_together(tmp_path, monkeypatch):
+    """Rank 1's rewards turn NaN from step 2 on: its loss, and through the all-reduce every rank's gradient, are
+    non-finite, so every rank skips the step and rolls back to the step-1 checkpoint together (twice, then the
+    stage stops there, as one process would). The shipped adapter is step 1's, equal to a 1-step 1-process run;
+    no rank hangs and rank 1 writes nothing."""
+    from ddp_worker import assert_adapters_equal_after_training, run_rank
+
+    one, two, writes = tmp_path / "one", tmp_path / "two", tmp_path / "writes"
+    raw_one = ddp_recipe(one)
+    raw_one["optim"]["steps"] = 1
+    run_recipe(resolve_recipe(raw_one))
+    raw_two = ddp_recipe(two)
+    raw_two["optim"]["steps"] = 3
+    raw_two["monitor"] = {"checkpoint_every": 1, "max_rollbacks": 2}
+    raw_two["domains"][0]["reward"] = "tiny_rewards:poisoned_on_rank_1_after_step_1"
+    stage = two / "stage-01-one"
+    monkeypatch.setenv("ADAPTERCL_TEST_POISON_AFTER", str(stage / "metrics.jsonl"))  # the spawned ranks inherit it
+    writes.mkdir()
+    args = (2, _free_port(), raw_two, str(writes))
+    torch.multiprocessing.start_processes(run_rank, args=args, nprocs=2, start_method="spawn")
+
+    rows = [json.loads(line) for line in (stage / "metrics.jsonl").read_text().splitlines()]
+    events = [(r["event"], r["step"], r["action"]) for r in rows if "event" in r]
+    assert events == [("nonfinite", 2, "rollback"), ("nonfinite", 2, "rollback"), ("nonfinite", 2, "stop")]
+    assert [r["step"] for r in rows if "event" not in r] == [1]  # the poisoned steps were cut back
+    assert_adapters_equal_after_training(one, two)  # the shipped adapter is the step-1 checkpoint's
+    assert (two / "summary.json").is_file() and json.loads((writes / "rank-1.json").read_text()) == []
+
+
 DYING_RANK = """
 import os, sys, torch
 from adaptercl import distributed

@@ -1,5 +1,8 @@
 """User rewards for tests (`reward: "tiny_rewards:digit_fraction"`): dense, so a random model's samples differ."""
 
+import os
+from pathlib import Path
+
 from adaptercl.domains import Example, RewardResult
 
 
@@ -11,6 +14,15 @@ def digit_fraction(text: str, example: Example) -> RewardResult:
 def poisoned(text: str, example: Example) -> RewardResult:
     """A reward that breaks training (NaN): the collapse guard must catch the non-finite loss at once."""
     return RewardResult(score=float("nan"), correct=False)
+
+
+def poisoned_on_rank_1_after_step_1(text: str, example: Example) -> RewardResult:
+    """digit_fraction, but NaN on rank 1 once the file ADAPTERCL_TEST_POISON_AFTER names is not empty (the stage's
+    metrics.jsonl: from its 2nd step on): one rank's non-finite step, which every rank must skip and roll back."""
+    flag = os.environ.get("ADAPTERCL_TEST_POISON_AFTER")
+    if os.environ.get("RANK") == "1" and flag and Path(flag).is_file() and Path(flag).stat().st_size > 0:
+        return RewardResult(score=float("nan"), correct=False)
+    return digit_fraction(text, example)
 
 
 # ---------------------------------------------------------------------------------------------------- TRL-style
