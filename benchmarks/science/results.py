@@ -345,7 +345,8 @@ def kl_panel(ax, kl: dict, colors: dict) -> None:
         xs = sorted(p["kl_token"] for p in kl["points"])
         ax.plot([xs[0], xs[-1]], [fit["intercept"] + fit["slope"] * v for v in (xs[0], xs[-1])], color="k", lw=1)
         r2 = "–" if fit["r2"] is None else f"{fit['r2']:.2f}"
-        title += f"\nR² = {r2}{ci(fit['r2_ci95'], 2)}, {fit['n']} points (o stage 2, □ stage 3)"
+        r2_ci = "" if fit["r2_ci95"] is None else " [{:.2f}, {:.2f}]".format(*fit["r2_ci95"])
+        title += f"\nR² = {r2}{r2_ci}, {fit['n']} points (o: stage 2, □: 3)"
     ax.axhline(0, color="grey", lw=0.5)
     ax.set(
         xlabel="forward KL from the previous stage's policy (nats/token)",
