@@ -4,7 +4,7 @@ built-in domains (arithmetic -> mcq -> toolcall), the same budget per method, se
 One command runs every method and seed that is not finished yet and collects everything into results.json,
 results.md and results.png beside this file:
 
-    nice -n 19 env OMP_NUM_THREADS=1 python benchmarks/science/run.py --runs /work/science-runs --jobs 1
+    env OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/science/run.py --runs /work/science-runs --jobs 2
     python benchmarks/science/run.py --runs /work/science-runs --collect-only     # rebuild the results only
 
 Each method/seed is `base.yaml` with the method's blocks (METHODS) merged over it, run as its own
