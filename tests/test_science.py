@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -135,6 +136,14 @@ def test_statistics_by_hand(runs):
     assert set(lift) == {("sdpo", 1), ("sdpo", 2), ("hybrid", 1), ("hybrid", 2)}
     assert lift["sdpo", 2]["domain"] == "b" and lift["sdpo", 2]["positive_every_seed"]
     assert lift["sdpo", 2]["mean"] == 0.5 and lift["sdpo", 2]["ci95"] == [0.5, 0.5]
+    # pooled over the 2 x 6 prompts: mean 0.5; each seed's se 0.6 / 3.92, halved (equal n) and combined
+    se = math.sqrt(2 * (0.5 * 0.6 / 3.92) ** 2)
+    assert lift["sdpo", 2]["pooled"]["ci95"] == pytest.approx([0.5 - 1.96 * se, 0.5 + 1.96 * se])
+    assert lift["sdpo", 2]["pooled"]["n"] == 12 and lift["sdpo", 2]["positive"]
+    weak = analysis.pooled_lift(
+        [{"lift": 0.1, "lift_ci95": [-0.2, 0.4], "n": 30}, {"lift": 0.4, "lift_ci95": [0.1, 0.7], "n": 10}]
+    )
+    assert weak["lift"] == pytest.approx(0.175) and weak["ci95"][0] < 0  # one seed's positive lift is not enough
 
 
 def test_write_results_files(runs, tmp_path):

@@ -175,19 +175,24 @@ def teacher_lift_md(rows: list[dict]) -> list[str]:
         "## Teacher lift at stage start (teacher's greedy accuracy with its context − the student's)",
         "",
         "Per seed: the lift on the sampled train prompts that got a context, with its paired bootstrap interval over "
-        "those n prompts (diagnostics.py); mean over seeds with a t-interval. Positive: every seed's interval is "
-        "above 0.",
+        "those n prompts (diagnostics.py); mean over seeds with a t-interval; pooled over the seeds' prompts: the "
+        "n-weighted mean with a normal interval from the seeds' bootstrap standard errors. Positive: the pooled "
+        'interval lies above 0 ("every seed": each seed\'s own interval does too).',
         "",
-        "| method | stage (domain) | contexts shown | per seed: lift [95 %] (n) | mean [95 %] | positive |",
-        "|---|---|---|---|---|---|",
+        "| method | stage (domain) | contexts shown | per seed: lift [95 %] (n) | mean over seeds [95 %] "
+        "| pooled [95 %] (n) | positive |",
+        "|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         seeds = "; ".join(
             f"s{s}: {num(v['lift'], 2)}{ci(v['lift_ci95'], 2)} ({v['n']})" for s, v in r["per_seed"].items()
         )
+        p = r["pooled"]
+        pooled = "–" if p is None else f"{num(p['lift'], 2)}{ci(p['ci95'], 2)} ({p['n']})"
         L.append(
             f"| {r['method']} | {r['stage']} ({r['domain']}) | {', '.join(r['contexts'])} | {seeds} | "
-            f"{num(r['mean'], 2)}{ci(r['ci95'], 2)} | {'yes' if r['positive_every_seed'] else 'no'} |"
+            f"{num(r['mean'], 2)}{ci(r['ci95'], 2)} | {pooled} | {'yes' if r['positive'] else 'no'}"
+            f"{' (every seed)' if r['positive_every_seed'] else ''} |"
         )
     return L + [""]
 
