@@ -313,16 +313,15 @@ def lift_panel(ax, rows: list[dict], colors: dict, num_stages: int) -> None:
     for i, m in enumerate(methods):
         mine = [r for r in rows if r["method"] == m]
         xs = [r["stage"] + (i - (len(methods) - 1) / 2) * bar for r in mine]
-        means = [r["mean"] or 0.0 for r in mine]
-        lo = [r["mean"] - r["ci95"][0] if r["ci95"] else 0.0 for r in mine]
-        hi = [r["ci95"][1] - r["mean"] if r["ci95"] else 0.0 for r in mine]
+        pooled = [r["pooled"] or {"lift": r["mean"] or 0.0, "ci95": None} for r in mine]
+        means = [p["lift"] for p in pooled]
+        lo = [p["lift"] - p["ci95"][0] if p["ci95"] else 0.0 for p in pooled]
+        hi = [p["ci95"][1] - p["lift"] if p["ci95"] else 0.0 for p in pooled]
         ax.bar(xs, means, bar, yerr=[lo, hi], color=colors[m], capsize=3, label=m)
     ax.axhline(0, color="grey", lw=0.5)
     labels = {r["stage"]: f"{r['stage']}\n{r['domain']}" for r in rows}
     ax.set_xticks(list(range(1, num_stages + 1)), [labels.get(k, str(k)) for k in range(1, num_stages + 1)])
-    ax.set(
-        xlabel="stage", ylabel="teacher − student accuracy", title="teacher lift at stage start (t 95 % over seeds)"
-    )
+    ax.set(xlabel="stage", ylabel="teacher − student accuracy", title="teacher lift at stage start (pooled, 95 %)")
     if methods:
         ax.legend(fontsize=7)
 
