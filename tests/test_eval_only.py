@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 import yaml
+from test_grow_run import ARITH, MCQ, ONE, TWO, recipe
 
 from adaptercl.cli import main
 from adaptercl.config import resolve_recipe
@@ -16,22 +17,8 @@ from adaptercl.run import run_recipe
 
 
 def tiny_recipe(out) -> dict:
-    return {
-        "model": {"name": "tiny-random"},
-        "output_dir": str(out),
-        "lora": {"r": 4, "alpha": 8},
-        "optim": {"lr": 5e-3, "steps": 1, "prompts_per_step": 2},
-        "rollout": {"group_size": 4, "max_new_tokens": 8},
-        "eval": {"examples_per_domain": 4, "drift_probes": 0, "stage_kl_prompts": 0},
-        "domains": [
-            {"name": "arith", "source": "builtin:arithmetic", "reward": "tiny_rewards:digit_fraction"},
-            {"name": "mcq", "source": "builtin:mcq", "reward": "tiny_rewards:digit_fraction"},
-        ],
-        "stages": [
-            {"name": "one", "domain": "arith"},
-            {"name": "two", "domain": "mcq", "adapter": {"init": "new"}},  # stacked: the model is both adapters
-        ],
-    }
+    """Two stages, the second a new adapter stacked on the first (the model is both adapters)."""
+    return recipe(out, [ARITH, MCQ], [ONE, TWO])
 
 
 @pytest.fixture(scope="module")
