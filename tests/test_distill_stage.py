@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from adaptercl.adapters import adapter_names, attach_adapter, lora_parameters, use_adapters
 from adaptercl.config import resolve_recipe
-from adaptercl.domains import Domain
+from adaptercl.domains import Domain, RewardResult
 from adaptercl.model import load_base
 from adaptercl.rollout.hf import HFEngine
 from adaptercl.stage import run_stage
@@ -28,13 +28,6 @@ class ToyExample:
     messages: list[dict[str, str]]
     answer: str
     demonstration: str | None = None
-
-
-@dataclass
-class ToyResult:
-    score: float
-    correct: bool
-    feedback: str | None = None
 
 
 class ToyDomain:
@@ -59,9 +52,9 @@ class ToyDomain:
     batch_reward = None
     score = Domain.score  # the real batch entry point, over this reward
 
-    def reward(self, text: str, example: ToyExample) -> ToyResult:
+    def reward(self, text: str, example: ToyExample) -> RewardResult:
         ok = (self.succeed == "even" and len(text) % 2 == 0) or (self.succeed == "rare" and len(text) % 3 == 0)
-        return ToyResult(float(ok), ok, f"expected {example.answer}" if self.feedback and not ok else None)
+        return RewardResult(float(ok), ok, f"expected {example.answer}" if self.feedback and not ok else None)
 
 
 def recipe(tmp_path, method: str, **blocks):
