@@ -35,6 +35,7 @@ from adaptercl.batching import TokenBatch, build_batch, encode_chat
 from adaptercl.checkpoint import has_checkpoint, load_checkpoint, save_checkpoint
 from adaptercl.distill_targets import distill_targets
 from adaptercl.domains.domain import score_samples
+from adaptercl.domains.trl_rewards import reward_component_stats
 from adaptercl.drift import parameter_drift_report
 from adaptercl.lr_schedule import learning_rate
 from adaptercl.methods import METHODS
@@ -234,24 +235,6 @@ def _sample_record(c: Completion, r) -> tuple:
     reward functions' own rewards)."""
     return (r.score, r.correct, len(c.token_ids), c.finish_reason == "length", repeated_ngram_rate(c.token_ids),
             r.components)  # fmt: skip
-
-
-def reward_component_stats(components: list[tuple[tuple[str, float], ...]]) -> dict[str, float]:
-    """TRL's per-function reward log over a step's samples: `rewards/<name>/mean` (nanmean) and `/std` (TRL's
-    `nanstd`, unbiased) of each function's unweighted rewards, NaN (a None) left out; nothing for native rewards.
-    Samples of another domain (replay) have other names and count only under theirs."""
-    columns: dict[str, list[float]] = {}
-    for sample in components:
-        for name, value in sample:
-            columns.setdefault(name, []).append(value)
-    stats = {}
-    for name, values in columns.items():
-        x = torch.tensor(values, dtype=torch.float64)  # [n]
-        mean = x.nanmean()
-        n = (~x.isnan()).sum()
-        var = ((x - mean) ** 2).nanmean() * n / (n - 1)  # NaN for fewer than 2 values, as TRL
-        stats[f"rewards/{name}/mean"], stats[f"rewards/{name}/std"] = mean.item(), var.sqrt().item()
-    return stats
 
 
 def _length_stats(records: list[tuple]) -> dict[str, float]:

@@ -17,7 +17,7 @@ from adaptercl.config import DomainConfig, RecipeError, resolve_recipe
 from adaptercl.domains import load_domain
 from adaptercl.domains.loading import check_domain
 from adaptercl.domains.rewards import boxed_math
-from adaptercl.domains.trl_rewards import TrlRewards, reward_style, weighted_reward
+from adaptercl.domains.trl_rewards import TrlRewards, reward_component_stats, reward_style, weighted_reward
 from adaptercl.run import run_recipe
 
 pytest.importorskip("trl.rewards")
@@ -62,8 +62,6 @@ def test_per_function_reward_log_is_trls_nanmean_and_nanstd(tmp_path):
     over the samples of each name only (a replayed native-reward sample has none); names as TRL's
     get_callable_name, a partial unwrapped and a repeated name numbered."""
     from trl.trainer.utils import get_callable_name, nanstd
-
-    from adaptercl.stage import reward_component_stats
 
     d, examples = domain(tmp_path, reward_funcs=["accuracy_reward", "tiny_rewards:recorded"])
     results = d.score(["\\boxed{0.5}", "\\boxed{4}", "\\boxed{7}"], [[1], [2], [3]], examples)

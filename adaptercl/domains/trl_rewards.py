@@ -29,7 +29,9 @@ keywords `trainer_state`, `log_extra`, `log_metric` and `environments` are not p
 apply); `normalize_then_sum` and async reward functions are not offered.
 
 Each step's log (metrics.jsonl, the trackers) has TRL's `rewards/<name>/mean` and `rewards/<name>/std` per function
-(unweighted, over the samples where it did not return None; `metric_names`) beside the combined `reward_mean`.
+(unweighted, over the samples where it did not return None; `metric_names`, `reward_component_stats`) beside the
+combined `reward_mean`. TRL's `get_callable_name` and `nanstd` are written out here, not imported: importing
+trl.trainer.utils takes seconds.
 """
 
 from __future__ import annotations
@@ -149,6 +151,24 @@ class TrlRewards:
         """One sample through the batch call; its token ids are unknown here (None), so a function that reads
         `completion_ids` must be reached through `Domain.score`."""
         return self([text], [None], [example])[0]  # type: ignore[list-item]
+
+
+def reward_component_stats(components: list[tuple[tuple[str, float], ...]]) -> dict[str, float]:
+    """TRL's per-function reward log over a step's samples (`RewardResult.components` of each): `rewards/<name>/mean`
+    (nanmean) and `/std` (TRL's `nanstd`, unbiased) of each function's unweighted rewards, NaN (a None) left out;
+    nothing for native rewards. Samples of another domain (replay) have other names and count only under theirs."""
+    columns: dict[str, list[float]] = {}
+    for sample in components:
+        for name, value in sample:
+            columns.setdefault(name, []).append(value)
+    stats = {}
+    for name, values in columns.items():
+        x = torch.tensor(values, dtype=torch.float64)  # [n]
+        mean = x.nanmean()
+        n = (~x.isnan()).sum()
+        var = ((x - mean) ** 2).nanmean() * n / (n - 1)  # NaN for fewer than 2 values, as TRL
+        stats[f"rewards/{name}/mean"], stats[f"rewards/{name}/std"] = mean.item(), var.sqrt().item()
+    return stats
 
 
 def _unwrap(fn: Callable) -> Callable:
