@@ -266,6 +266,23 @@ def test_sampled_logprobs_match_the_trainers_recomputation(tiny):
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in groups]
 
 
+@pytest.mark.vllm
+def test_each_sampled_row_is_its_own_draw_from_its_rows_seed(tiny):
+    """Rows are sampled one request each with `row_seed` of their global row (tests/test_rollout_seeds.py): a row
+    alone gives the same draw as inside its group, and the next step's seed gives every row a new draw (with the
+    former seed + row, the next step's row j repeated this step's row j + 1)."""
+    model, tok, engine = tiny
+    prompt = encode(tok, TEXTS[:1])
+    sample = lambda seed, n, first_row=0: [  # noqa: E731
+        c.token_ids for c in engine.generate(prompt, ["x"], SamplingParams(16, n=n, seed=seed, first_row=first_row))[0]
+    ]
+    step = sample(11, 4)
+    assert len({tuple(t) for t in step}) == 4  # four different draws
+    assert [sample(11, 1, first_row=j)[0] for j in range(4)] == step
+    following = sample(12, 4)
+    assert not {tuple(t) for t in following} & {tuple(t) for t in step}
+
+
 def expected_bitsandbytes_provider() -> str:
     """vLLM <= 0.27 has bitsandbytes built in; from 0.28 only the vllm-bnb-plugin package provides it."""
     import vllm

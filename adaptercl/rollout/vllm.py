@@ -29,8 +29,11 @@ The 4-bit base (docs/design.md §6):
 Logprobs: `SamplingParams.logprobs` returns each sampled token's logprob under logits / temperature
 (`logprobs_mode="processed_logprobs"`), the trainer's definition. Two departures, both outside the defaults:
 with `top_p < 1` they are the nucleus-renormalised sampling probabilities (the true behaviour policy), and
-greedy logprobs are at temperature 1. Prompt i's samples use seeds `params.seed + params.first_row + i*n + j`
-(the global row index: the same rows under N data-parallel ranks as in one process).
+greedy logprobs are at temperature 1. Each sampled row is its own request (n = 1) seeded `row_seed(params.seed,
+params.first_row + i*n + j)` for sample j of prompt i (the global row index: the same rows under N data-parallel
+ranks as in one process, and no seed shared with another step's row; one request of n samples would give sample j
+the request's seed + j, vLLM's parallel sampling). vLLM fans an n-sample request out into n requests anyway, and its
+prefix cache shares their prompt the same way.
 
 Engine settings come from the recipe's rollout block (the same in every stage): `gpu_memory_utilization`,
 `enable_sleep_mode`, `max_loras` (GPU adapter slots; each request carries one combined adapter, so 2 cover the
@@ -59,7 +62,7 @@ from adaptercl import distributed
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.continual import max_served_rank
 from adaptercl.model import servable_base_path
-from adaptercl.rollout import Completion, SamplingParams
+from adaptercl.rollout import Completion, SamplingParams, row_requests
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.colocate import launcher_kwargs, tensor_parallel_group
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
@@ -240,8 +243,7 @@ class VLLMEngine:
 
         self.wake()
         request = self.prepare(adapters)
-        # prompt i's seed is its global row's (vLLM gives sample j of the request seed + j)
-        requests = [(list(p), params.seed + params.first_row + i * params.n) for i, p in enumerate(prompts)]
+        requests = row_requests(prompts, params)  # one per sampled row, with its row's seed
         mine = slice(0, len(requests))
         if self.tp_group is not None:  # the group's engines run the same requests; this rank keeps its own
             requests, mine = self.tp_group.gather(requests)
@@ -249,7 +251,7 @@ class VLLMEngine:
             return []
         sampling = [
             VllmSamplingParams(
-                n=params.n,
+                n=1,
                 max_tokens=params.max_new_tokens,
                 temperature=0.0 if params.greedy else params.temperature,
                 top_p=1.0 if params.greedy else params.top_p,
@@ -266,17 +268,15 @@ class VLLMEngine:
         outputs = self.llm.generate(
             [{"prompt_token_ids": p} for p, _ in requests], sampling, lora_request=request, use_tqdm=False
         )[mine]
-        result = []
-        for prompt, out in zip(prompts, outputs):
-            group = []
-            for sample in sorted(out.outputs, key=lambda s: s.index):
-                tokens = list(sample.token_ids)
-                logprobs = None
-                if params.logprobs:
-                    logprobs = [step[t].logprob for step, t in zip(sample.logprobs, tokens)]
-                group.append(Completion.from_tokens(prompt, tokens, self.tokenizer, self.stop_ids, logprobs))
-            result.append(group)
-        return result
+        rows = []
+        for (prompt, _), out in zip(requests[mine], outputs):
+            (sample,) = out.outputs
+            tokens = list(sample.token_ids)
+            logprobs = None
+            if params.logprobs:
+                logprobs = [step[t].logprob for step, t in zip(sample.logprobs, tokens)]
+            rows.append(Completion.from_tokens(prompt, tokens, self.tokenizer, self.stop_ids, logprobs))
+        return [rows[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     # ---- adapters in the engine
 
