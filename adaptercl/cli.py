@@ -132,10 +132,12 @@ def _recipe(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.file, args.overrides)
     if args.action == "validate":
+        from adaptercl.engine_choice import resolve_engine
         from adaptercl.preflight import preflight
 
+        recipe, choice = resolve_engine(recipe)
         preflight(recipe)
-        print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains)")
+        print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains); {choice.line()}")
         return 0
     if args.action == "serve":
         from adaptercl.serve import rollout_server_command, serve_rollouts

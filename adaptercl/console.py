@@ -54,7 +54,9 @@ def run_with_progress(recipe: RecipeConfig, console: Console | None = None) -> R
         progress.update(tasks[key], completed=done, total=total)
 
     def on_event(kind: str, **info) -> None:
-        if kind == "load":
+        if kind == "rollout_engine":
+            console.print(f"[bold]rollout engine[/]: {info['engine']} ({info['reason']})")
+        elif kind == "load":
             tasks["load"] = progress.add_task(f"loading {info['model']}", total=None, info="")
         elif kind == "model":
             if "load" in tasks:
@@ -103,6 +105,7 @@ class PlainProgress:
         self.steps: dict[str, int] = {}  # stage -> its number of steps
         self.mark: dict[str, tuple[float, int | None]] = {}  # stage -> (time, step) of its last line
         self.handlers: dict[str, Callable[..., None]] = {
+            "rollout_engine": lambda engine, reason, **_: self.line(f"rollout engine: {engine} ({reason})"),
             "load": lambda model, **_: self.line(f"loading {model}"),
             "model": lambda description, **_: self.line(f"base model: {description}"),
             "engine": lambda description, **_: self.line(f"rollout engine: {description}"),

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from adaptercl.config import RecipeConfig, RecipeError, StageConfig
 from adaptercl.continual import max_served_rank
+from adaptercl.engine_choice import planned
 from adaptercl.methods import METHODS
 from adaptercl.vllm_settings import vllm_lora_rank
 from adaptercl.wall_time import WallTime, estimate_wall_time
@@ -387,6 +388,7 @@ def _eval_phase(shape: Shape, recipe: RecipeConfig, prompt: int, limit: float) -
 
 def plan_recipe(recipe: RecipeConfig, gpu_memory_gib: float = 24.0, prompt_tokens: int = 1024) -> Plan:
     """Predicted peak GPU memory of each phase (training step, rollouts, evaluation) and the wall time."""
+    recipe = planned(recipe)  # rollout.engine auto: vLLM, what it picks on a CUDA card with vLLM installed
     shape = shape_of(recipe.model.name)
     limit = gpu_memory_gib - CUDA_CONTEXT_GIB
     phases = [build(shape, recipe, prompt_tokens, limit) for build in (_train_phase, _rollout_phase, _eval_phase)]

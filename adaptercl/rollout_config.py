@@ -23,7 +23,8 @@ class EngineKind:
     needs_local_vllm: bool  # vLLM must be importable in the trainer's process (preflight's one-line check)
 
 
-# rollout.engine -> its kind (run.Engines builds from this table; no engine name is compared elsewhere in the run)
+# rollout.engine -> its kind (run.Engines builds from this table; no engine name is compared elsewhere in the run).
+# `auto` is not an engine: `engine_choice.resolve_engine` replaces it with hf or vllm before the run starts.
 ENGINES: dict[str, EngineKind] = {
     "hf": EngineKind(home=None, needs_local_vllm=False),
     "vllm": EngineKind(home="adaptercl.rollout.vllm:VLLMEngine", needs_local_vllm=True),
@@ -80,10 +81,12 @@ class RolloutServerConfig(ConfigBlock):
 
 
 class RolloutConfig(ConfigBlock):
-    engine: Literal["hf", "vllm", "vllm_server"] = Field(
+    engine: Literal["hf", "vllm", "vllm_server", "auto"] = Field(
         "hf",
-        description="Rollout engine: plain transformers (reference), vLLM in this process, or a running vLLM "
-        "server (`rollout.server`) on other GPUs or hosts.",
+        description="Rollout and evaluation engine: plain transformers (reference), vLLM in this process, a running "
+        "vLLM server (`rollout.server`) on other GPUs or hosts, or auto: vLLM in this process where a CUDA device "
+        "is visible and vLLM imports and can load the base, else transformers; decided when the run starts, which "
+        "says which and why (engine_choice.py).",
     )
     group_size: int = Field(8, ge=1, description="Samples per prompt (G). SDFT uses 1 sample per prompt.")
     max_new_tokens: int = Field(256, ge=1, description="Longest sampled response, in tokens.")

@@ -33,6 +33,7 @@ from adaptercl.continual import AdapterPlan, plan_adapters
 from adaptercl.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
 from adaptercl.domains import Domain, load_domain
 from adaptercl.drift import BaseWeights, parameter_drift_report, response_drift
+from adaptercl.engine_choice import resolve_engine
 from adaptercl.evaluate import evaluate_all
 from adaptercl.lora_factors import write_combined_adapter
 from adaptercl.methods import METHODS
@@ -66,14 +67,20 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     (`tracking.py`).
 
     Launched as N processes (torchrun, accelerate launch) it trains data-parallel (`distributed.py`): rank 0 alone
-    writes the run directory and reports events; the other ranks train, evaluate and measure alongside it."""
+    writes the run directory and reports events; the other ranks train, evaluate and measure alongside it.
+
+    `rollout.engine: auto` is decided first (`engine_choice.resolve_engine`) and reported as the first event,
+    rollout_engine (engine, reason); the run directory keeps the recipe as written."""
+    written = recipe
+    recipe, choice = resolve_engine(recipe)
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
     with distributed.process_group() as world:
         check_world(recipe, world)
         if not world.is_main:  # events, progress and trackers are rank 0's
-            return _run_recipe(recipe, None, world)
+            return _run_recipe(recipe, written, None, world)
         with tracking(recipe, on_event or (lambda kind, **info: None)) as notify:
-            return _run_recipe(recipe, notify, world)
+            notify("rollout_engine", engine=choice.engine, reason=choice.reason)
+            return _run_recipe(recipe, written, notify, world)
 
 
 def check_world(recipe: RecipeConfig, world: distributed.World) -> None:
@@ -94,10 +101,13 @@ def check_world(recipe: RecipeConfig, world: distributed.World) -> None:
             )
 
 
-def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world: distributed.World) -> RunResult:
+def _run_recipe(
+    recipe: RecipeConfig, written: RecipeConfig, on_event: Callable[..., Any] | None, world: distributed.World
+) -> RunResult:
+    """`recipe` with its engine resolved; `written` as the user wrote it (what the run directory keeps)."""
     notify = on_event or (lambda kind, **info: None)
     main = world.is_main
-    run = RunDir(Path(recipe.output_dir), recipe)
+    run = RunDir(Path(recipe.output_dir), written)
     distributed.on_main(run.claim)
     if run.is_finished():  # every stage is done: nothing to load, nothing to write
         for stage_dir in run.stages():
