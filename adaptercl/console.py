@@ -64,6 +64,8 @@ def run_with_progress(recipe: RecipeConfig, console: Console | None = None) -> R
             console.print(f"[bold]base model[/]: {info['description']}")
         elif kind == "skip":
             console.print(f"{info['stage']}: already done, skipped")
+        elif kind == "micro_batch":
+            console.print(f"{info['stage']}: {info['line']}")
         elif kind == "eval":
             advance(f"eval {info['stage']}", f"{info['stage']}: eval (domains)", info["done"], info["total"])
         elif kind == "drift":
@@ -110,6 +112,7 @@ class PlainProgress:
             "model": lambda description, **_: self.line(f"base model: {description}"),
             "engine": lambda description, **_: self.line(f"rollout engine: {description}"),
             "skip": lambda stage, **_: self.line(f"[{stage}] already done, skipped"),
+            "micro_batch": lambda stage, line, **_: self.line(f"[{stage}] {line}"),
             "stage": self.stage,
             "step": self.step,
             "eval": self.eval,

@@ -3,7 +3,8 @@
     result = run_recipe(load_recipe("recipes/quickstart.yaml"))   # the accuracy matrix, row 0 = before training
 
 For each stage: attach its adapter as the stacking rule says (`continual.plan_adapters`: new, continue or merge),
-create its self-teacher when the method has one (and measure the teacher lift, `diagnostics.py`), train
+create its self-teacher when the method has one (and measure the teacher lift, `diagnostics.py`), choose its
+micro-batch (`micro_batch.py`: `optim.micro_batch_size`, auto sized to the card, said and written), train
 (`stage.run_stage`), save the adapter, the teacher and the combined adapter, evaluate every domain, measure drift,
 and write done.json last. Rerunning into the same directory skips finished stages (their adapters are loaded from
 disk), so a finished run is a no-op and an interrupted one continues with the first unfinished stage (mid-stage from
@@ -38,6 +39,7 @@ from adaptercl.evaluate import evaluate_all
 from adaptercl.lora_factors import write_combined_adapter
 from adaptercl.methods import METHODS
 from adaptercl.metrics import cl_metrics
+from adaptercl.micro_batch import choose_micro_batch
 from adaptercl.model import load_base
 from adaptercl.preflight import preflight
 from adaptercl.report import write_report
@@ -220,6 +222,11 @@ def _run_recipe(
             ),
             teacher=teacher,
         )
+        chosen = choose_micro_batch(recipe, i, model, tok, [ctx.domain, *ctx.replay_domains], world.size)
+        ctx.micro_batch = chosen.rows  # optim.micro_batch_size (auto: sized to the card); None: grad_accum's split
+        if chosen.record is not None:
+            distributed.on_main(partial(stage_dir.write_micro_batch, chosen.record))
+            notify("micro_batch", stage=stage_dir.name, line=chosen.line(), record=chosen.record)
         lift_prompts = recipe.eval.teacher_lift_prompts
         needs_lift = teacher is not None and lift_prompts and not stage_dir.teacher_lift.is_file()
         if distributed.broadcast_object(needs_lift):  # before the first step; every rank measures, rank 0 writes

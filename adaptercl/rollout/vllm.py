@@ -35,7 +35,8 @@ ranks as in one process, and no seed shared with another step's row; one request
 the request's seed + j, vLLM's parallel sampling). vLLM fans an n-sample request out into n requests anyway, and its
 prefix cache shares their prompt the same way.
 
-Engine settings come from the recipe's rollout block (the same in every stage): `gpu_memory_utilization`,
+Engine settings come from the recipe's rollout block (the same in every stage): `gpu_memory_utilization` (auto:
+the memory plan's share of this card, `vllm_memory.vllm_utilization`),
 `enable_sleep_mode`, `max_loras` (GPU adapter slots; each request carries one combined adapter, so 2 cover the
 policy plus one other combination), `max_lora_rank` (default: the largest combined rank the recipe can need,
 rounded up to a rank vLLM accepts), `max_model_len`, `tensor_parallel_size` (GPUs the base is sharded over). Under N
@@ -61,11 +62,14 @@ from transformers import PreTrainedTokenizerBase
 from adaptercl import distributed
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.continual import max_served_rank
+from adaptercl.micro_batch import card_gib
 from adaptercl.model import servable_base_path
+from adaptercl.model_shapes import shape_from_config
 from adaptercl.rollout import Completion, SamplingParams, row_requests
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.colocate import launcher_kwargs, tensor_parallel_group
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
+from adaptercl.vllm_memory import vllm_utilization
 from adaptercl.vllm_settings import (  # noqa: F401 - INSTALL_HINT re-exported for callers of this module
     BNB_PLUGIN_HINT,
     CPU_KV_CACHE_BYTES,
@@ -210,6 +214,11 @@ class VLLMEngine:
                 )
             quantization = "bitsandbytes"
         max_loras = rollout.max_loras or 2
+        utilization = rollout.gpu_memory_utilization
+        card = card_gib(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available() else None
+        if utilization == "auto":  # the plan's share on this card (unused without CUDA)
+            shape = shape_from_config(base.model.config.to_dict(), f"{base.path}/config.json")
+            utilization = vllm_utilization(shape, recipe, card) if card is not None else 0.3
         engine = cls(
             model,
             base.tokenizer,
@@ -220,12 +229,15 @@ class VLLMEngine:
             max_loras=max_loras,
             max_cpu_loras=max(max_loras, len(recipe.stages) + 2),
             max_lora_rank=rollout.max_lora_rank or max_served_rank(recipe),
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            gpu_memory_utilization=utilization,
             enable_sleep_mode=rollout.enable_sleep_mode,
             max_model_len=rollout.max_model_len,
             tensor_parallel_size=rollout.tensor_parallel_size,
             seed=recipe.seed,
         )
+        if card is not None:
+            auto = " (auto: the plan's share)" if rollout.gpu_memory_utilization == "auto" else ""
+            engine.description += f"; claims {utilization:g} of the {card:.1f} GiB card{auto}"
         if mismatch is not None:
             engine.description += f"; {mismatch}"
         return engine
@@ -307,14 +319,18 @@ class VLLMEngine:
     # ---- memory around the optimiser step
 
     def sleep(self) -> None:
-        """Free the engine's GPU memory (weights offloaded to CPU, KV cache dropped); no-op without sleep mode."""
+        """Free the engine's GPU memory (level 1: weights offloaded to CPU RAM, KV cache dropped; what stays on the
+        card is `vllm_memory.VLLM_ASLEEP_GIB`); no-op without sleep mode."""
         if self.sleep_supported and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
 
     def wake(self) -> None:
-        """Undo `sleep` (`generate` calls it itself)."""
+        """Undo `sleep` (`generate` calls it itself). The trainer's cached blocks go back to the driver first, where
+        vLLM maps its weights and KV cache again (TRL empties the cache before `wake_up` too: "required to avoid
+        OOM in some cases", trl/generation/vllm_generation.py)."""
         if self.asleep:
+            torch.cuda.empty_cache()
             self.llm.wake_up()
             self.asleep = False
 
