@@ -40,6 +40,7 @@ from adaptercl.method_config import ConfigBlock as _Block
 from adaptercl.methods import METHODS, Method
 from adaptercl.recipe_errors import RecipeError, format_validation_error
 from adaptercl.rollout_config import ENGINE_FIELDS, RolloutConfig, RolloutServerConfig
+from adaptercl.teacher_schedule import first_gated_check
 
 __all__ = [
     "Action",
@@ -187,6 +188,10 @@ class StageConfig(_Block):
             teacher.tau = spec.tau
         if teacher.ema_rank is None:
             teacher.ema_rank = 2 * self.lora.r
+        if teacher.gate_window is None:
+            teacher.gate_window = teacher.refresh_every
+        if spec.needs_teacher:
+            _check_refresh_schedule(teacher, self.optim.steps)
         if self.distill.alpha is None:
             self.distill.alpha = spec.alpha
         if self.distill.skip_first_tokens is None:
@@ -281,6 +286,23 @@ class RecipeConfig(_Block):
 
 
 STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid", "regularizers", "monitor")
+
+
+def _check_refresh_schedule(teacher: TeacherConfig, steps: int) -> None:
+    """A restart_freeze or gated teacher that could never refresh within the stage is a stage_start teacher in
+    disguise: refuse it, saying what to change."""
+    if teacher.kind == "restart_freeze" and teacher.refresh_every > steps:
+        raise ValueError(
+            f"distill.teacher.refresh_every ({teacher.refresh_every}) is more than optim.steps ({steps}): the "
+            "restart_freeze teacher would never refresh; lower it, or use distill.teacher.kind stage_start"
+        )
+    first = first_gated_check(teacher.gate_window, teacher.refresh_every)
+    if teacher.kind == "gated" and first > steps:
+        raise ValueError(
+            f"distill.teacher: the gated teacher's first check would be at step {first} (gate_window "
+            f"{teacher.gate_window} steps of baseline, then every refresh_every {teacher.refresh_every}), after "
+            f"optim.steps ({steps}); lower gate_window or refresh_every, or use distill.teacher.kind stage_start"
+        )
 
 
 def _check_unique(what: str, names: list[str]) -> None:
