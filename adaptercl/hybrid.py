@@ -38,7 +38,7 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, top_q: float) -> Tensor:
     if n_tokens == 0:
         return out.view_as(mask)
     k = max(1, math.ceil(top_q * n_tokens))
-    scores = torch.where(flat_mask, entropy.reshape(-1).float(), torch.full_like(out, -math.inf))  # [N*R]
+    scores = torch.where(flat_mask, entropy.reshape(-1).to(out.dtype), torch.full_like(out, -math.inf))  # [N*R]
     out[torch.topk(scores, k).indices] = 1.0
     return out.view_as(mask).to(mask.dtype)
 

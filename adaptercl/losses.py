@@ -343,6 +343,6 @@ def kl_to_previous(logits: Tensor, prev_logits: Tensor) -> Tensor:
     """KL(p ‖ q) per token over the full vocabulary; p = softmax(logits) (gradient), q from prev_logits (none).
 
     logits, prev_logits: [N, R, V] -> [N, R]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [N, R, V]
-    logq = torch.log_softmax(prev_logits.detach().float(), dim=-1)  # [N, R, V]
+    logp = torch.log_softmax(_upcast(logits), dim=-1)  # [N, R, V]
+    logq = torch.log_softmax(_upcast(prev_logits.detach()), dim=-1)  # [N, R, V]
     return (logp.exp() * (logp - logq)).sum(-1)  # [N, R]
