@@ -76,8 +76,11 @@ class ModelConfig(_Block):
         description="Base model: a built-in alias ('tiny-random', 'smollm2-135m-instruct'), a hub id, a local "
         "HF model folder, or a .gguf file (dequantised on load)."
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Compute dtype of the unquantised parts; auto = bfloat16 on CUDA, float32 on CPU."
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = Field(
+        "auto",
+        description="Compute dtype of the unquantised parts; auto = bfloat16 on CUDA, float32 on CPU. float64 (no "
+        "quantization) keeps every step in float64: for numerical checks, where two arrangements of the same update "
+        "(micro-batches, ranks, chunked logits, checkpointing) must agree far below float32 rounding.",
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) for hub ids.")
     cache_dir: str | None = Field(
@@ -267,6 +270,11 @@ class RecipeConfig(_Block):
                         f"stages.{stage.name}.rollout.{key}: the rollout engine is shared by every stage; set "
                         f"rollout.{key} once at recipe level (stage {first.name} has {theirs!r})"
                     )
+        if self.model.dtype == "float64" and self.quantization != "none":  # auto is nf4 on CUDA
+            raise ValueError(
+                f"model.dtype: float64 needs an unquantised base (bitsandbytes computes in 16 or 32 bit); set "
+                f"quantization: none (it is {self.quantization})"
+            )
         if first.adapter.init == "merge":
             raise ValueError(f"stages.{first.name}.adapter.init: the first stage has nothing to merge; use new")
         for i, stage in enumerate(self.stages):

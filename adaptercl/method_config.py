@@ -117,7 +117,14 @@ class DistillConfig(ConfigBlock):
     mask_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Drop each response token from the loss w.p. this.")
     is_cap: float = Field(2.0, gt=0.0, description="Cap of the per-token importance weights.")
     skip_first_tokens: int | None = Field(None, ge=0, description="Response tokens skipped; default 3 for SDFT.")
-    success_threshold: float = Field(0.5, description="A sibling with reward >= this is a successful demonstration.")
+    success_threshold: float = Field(
+        0.5,
+        description="Native rewards: a sample with reward >= this is a success (a sibling SDPO shows as the 'Correct "
+        "solution'; a group with one is not failed for the hybrid). 0.5 as lasgroup/SDPO's actor.yaml: the "
+        "builtin rewards' partial credit stays below it (TRL's SDPO uses 1.0). Unused for TRL-style rewards "
+        "(reward_funcs): their success is the domain's correct decision (correct_from, correct_threshold), the "
+        "accuracy matrix's.",
+    )
     use_feedback: bool = Field(
         True,
         description="SDPO: use reward feedback when no sibling succeeded; which feedback is each domain's `feedback` "

@@ -105,7 +105,8 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
         texts, completion_ids = [c.text for c in completions], [c.token_ids for c in completions]
         results = score_samples(texts, completion_ids, samples, sample_domains)  # each domain in one batch call
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)  # [N]
-        advantages = losses.group_advantages(rewards, group, scale_by_std=stage.grpo.scale_rewards)  # [N]
+        scored = torch.tensor([r.scored for r in results])  # [N] bool: all-None TRL samples are not (advantage 0)
+        advantages = losses.group_advantages(rewards, group, stage.grpo.scale_rewards, scored=scored)  # [N]
         batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], tok.pad_token_id)
 
         # ---- teacher: the same responses behind the teacher's prompts, and which tokens are distilled

@@ -59,7 +59,7 @@ from torch import Tensor
 
 from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state, lora_parameters, save_adapter
 from adaptercl.atomic import atomic_dir
-from adaptercl.batching import TokenBatch
+from adaptercl.batching import TokenBatch, at_least_float32
 from adaptercl.chunked_logits import ResponseScores, response_scores
 from adaptercl.losses import trust_region_teacher_logits
 from adaptercl.method_config import TeacherAutocast, TeacherConfig, TeacherKind
@@ -352,9 +352,9 @@ def _keep_trainable(model: torch.nn.Module) -> Iterator[None]:
 
 
 def _float_logits(scores: ResponseScores) -> ResponseScores:
-    """Full logits in float32 (autocast computes them in bfloat16); hidden states are left as they are."""
+    """Full logits in at least float32 (autocast computes them in bfloat16); hidden states are left as they are."""
     if scores.logits is not None:
-        scores.logits = scores.logits.float()
+        scores.logits = at_least_float32(scores.logits)
     return scores
 
 

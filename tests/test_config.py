@@ -87,6 +87,11 @@ def test_distillation_aggregation_defaults_per_method_and_an_explicit_one_wins(m
         (lambda r: r["stages"][0].update(method="sdft"), "stages.a: sdft samples one response per prompt"),
         (lambda r: r.update(eval={"retention_probes": ["boolq"]}), "eval.retention_probes: unknown domain 'boolq'"),
         (lambda r: r.update(quantization="int8"), "quantization: Input should be 'nf4', 'none' or 'auto'"),
+        (  # auto is nf4 on CUDA
+            lambda r: r.update(model={**r["model"], "dtype": "float64"}),
+            "model.dtype: float64 needs an unquantised base (bitsandbytes computes in 16 or 32 bit); set "
+            "quantization: none (it is auto)",
+        ),
         (
             lambda r: r.update(eval={"drift_method": "svd"}),
             "eval.drift_method: Input should be 'auto', 'exact' or 'lowrank'",

@@ -32,9 +32,9 @@ def user(text: str) -> list[dict[str, str]]:
 def test_sdpo_first_successful_sibling_self_excluded_exact_strings():
     prompts = [user("What is 2+2?")] * 4 + [user("Capital of France?")] * 4
     responses = ["5", "<think>two and two\nmake four</think> 4", "3", "four", "Paris", "Lyon", "Nice", "Paris!"]
-    scores = [0.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.2, 0.0]  # 0.5 counts as success (>= threshold)
+    succeeded = [False, True, False, True, True, False, False, False]
     feedback = ["wrong"] * 8
-    out = sdpo_teacher_prompts(prompts, responses, scores, feedback, group_size=4, cfg=DistillConfig())
+    out = sdpo_teacher_prompts(prompts, responses, succeeded, feedback, group_size=4, cfg=DistillConfig())
     # sample 0 -> first success of its group is 1 (think stripped); 1 excludes itself -> 3; 3 -> 1
     four = "What is 2+2?\nCorrect solution:\n\n4\n\nCorrectly solve the original question."
     four_self = "What is 2+2?\nCorrect solution:\n\nfour\n\nCorrectly solve the original question."
@@ -52,16 +52,16 @@ def test_sdpo_first_successful_sibling_self_excluded_exact_strings():
     assert stats["teacher_target_frac"] == 1.0 and stats["solution_used_frac"] == 7 / 8
     assert stats["success_frac"] == 3 / 8 and stats["feedback_used_frac"] == 1 / 8
     feedback[4] = None  # then it has no teacher context at all: mask 0
-    out = sdpo_teacher_prompts(prompts, responses, scores, feedback, group_size=4, cfg=DistillConfig())
+    out = sdpo_teacher_prompts(prompts, responses, succeeded, feedback, group_size=4, cfg=DistillConfig())
     assert out.messages[4] == prompts[4] and not out.has_target[4] and out.stats()["teacher_target_frac"] == 7 / 8
 
 
 def test_sdpo_feedback_only_when_no_sibling_succeeded():
     prompts = [user("Q1")] * 3 + [user("Q2")] * 3
     responses = ["a", "b", "c", "d", "e", "f"]
-    scores = [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    succeeded = [False, False, False, True, False, False]
     feedback = ["expected 7, got 3", None, "  ", None, "expected Paris", None]
-    out = sdpo_teacher_prompts(prompts, responses, scores, feedback, group_size=3, cfg=DistillConfig())
+    out = sdpo_teacher_prompts(prompts, responses, succeeded, feedback, group_size=3, cfg=DistillConfig())
     fb = "Q1\nThe following is feedback from your unsuccessful earlier attempt:\n\nexpected 7, got 3\n\n"
     assert out.messages[0][-1]["content"] == fb + "Correctly solve the original question."
     assert out.used_feedback[0] and not out.used_solution[0]
@@ -71,14 +71,14 @@ def test_sdpo_feedback_only_when_no_sibling_succeeded():
     # sibling succeeded: the solution is used and the feedback is not, even though there is some
     assert out.used_solution[4] and not out.used_feedback[4] and "expected Paris" not in out.messages[4][-1]["content"]
     assert out.stats()["feedback_used_frac"] == 1 / 6
-    no_fb = sdpo_teacher_prompts(prompts, responses, scores, feedback, 3, DistillConfig(use_feedback=False))
+    no_fb = sdpo_teacher_prompts(prompts, responses, succeeded, feedback, 3, DistillConfig(use_feedback=False))
     assert not no_fb.has_target[0]
 
 
 def test_teacher_message_keeps_earlier_messages_and_replaces_last_user_turn():
     chat = [SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     chat = chat + [{"role": "user", "content": "Q"}]
-    out = sdpo_teacher_prompts([chat, chat], ["x", "y"], [1.0, 0.0], [None, None], 2, DistillConfig())
+    out = sdpo_teacher_prompts([chat, chat], ["x", "y"], [True, False], [None, None], 2, DistillConfig())
     assert out.messages[1][:3] == chat[:3] and out.messages[1][3]["role"] == "user"
     assert out.messages[1][3]["content"].startswith("Q\nCorrect solution:\n\nx")
     assert len(out.messages[1]) == 4
@@ -88,13 +88,15 @@ def test_strip_think():
     assert strip_think("<think>a\nb</think>\n  Answer: 4 ") == "Answer: 4"
     assert strip_think("x <think>1</think> y <think>2</think>z") == "x  y z"
     unstripped = sdpo_teacher_prompts(
-        [user("Q")] * 2, ["<think>t</think>A", "B"], [1.0, 0.0], [None, None], 2, DistillConfig(strip_think=False)
+        [user("Q")] * 2, ["<think>t</think>A", "B"], [True, False], [None, None], 2, DistillConfig(strip_think=False)
     )
     assert "<think>t</think>A" in unstripped.messages[1][-1]["content"]
 
 
 def test_sdft_demonstration_prompt_exact():
-    out = sdft_teacher_prompts([user("What is 2+2?"), user("Q")], ["2+2=4, so 4.", None], [0.0, 1.0], DistillConfig())
+    out = sdft_teacher_prompts(
+        [user("What is 2+2?"), user("Q")], ["2+2=4, so 4.", None], [False, True], DistillConfig()
+    )
     expected = (
         "\nWhat is 2+2?\n\nThis is an example for a response to the question:\n2+2=4, so 4.\n\n"
         "Now answer with a response of your own, including the thinking process.\n"
