@@ -24,6 +24,11 @@ as the training micro-batches group them, and keeps the teacher's final hidden s
 time under `optim.logits_chunk_size`), as a teacher forward there would (`chunked_logits.ResponseScores`). The
 teacher does not change during a step, so this one forward serves every pass of `grpo.iterations`.
 
+Logged with every step (metrics.jsonl): `sdpo_route_frac` and `all_wrong_group_frac` (the share of groups without a
+correct rollout; both from `distill_targets`), `teacher_rows` (the rows the teacher forward ran on, whole batch: the
+compute it costs), and over the batch's SDPO tokens `teacher_entropy_mean`, `dw_weight_min`, `dw_weight_max` (absent
+on a step without one, as the other distillation statistics).
+
 Departures, both inactive at the defaults: the SDPO tokens are those of `DistillTargets.mask` (the response tokens
 less `distill.skip_first_tokens` and the `distill.mask_ratio` draw, both 0 for srpo as in the paper); a
 `grpo.kl_coef` KL is part of ℓ^GRPO, so it acts on the GRPO-routed rows only. A third-party reproduction saw format

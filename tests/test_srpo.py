@@ -281,6 +281,19 @@ def test_chunked_teacher_entropy_equals_the_full_vocabulary_hand_computation():
     torch.testing.assert_close(entropy.double(), -(q * q.log()).sum(-1).detach(), rtol=RTOL, atol=0)
 
 
+@pytest.mark.parametrize("chunk", ["off", 3])
+def test_a_bf16_autocast_teacher_gives_the_float32_step_within_bf16_rounding(tmp_path, chunk):
+    """srpo-cpu.yaml's `autocast: auto`: the teacher's hidden states come out of a bf16-autocast forward and meet the
+    LM head in float32 (`ResponseScores.chunk_logits`). bf16 keeps 8 significant bits (relative rounding 2^-9 ~ 2e-3
+    per matmul output); the loss and the teacher's entropy stay within 1e-2 of the float32 step's, not further."""
+    autocast = {"distill": {"teacher": {"kind": "ema", "autocast": "bfloat16"}}, "optim": {"logits_chunk_size": chunk}}
+    _, stats = recorded_step(*srpo_context(tmp_path / "bf16", **autocast)[:4])
+    _, reference = recorded_step(*srpo_context(tmp_path / "f32", optim={"logits_chunk_size": chunk})[:4])
+    for key in ("loss", "teacher_entropy_mean", "dw_weight_min", "dw_weight_max"):
+        assert stats[key] == pytest.approx(reference[key], rel=1e-2), key
+    assert stats["teacher_entropy_mean"] != reference["teacher_entropy_mean"]  # the teacher did run in bf16
+
+
 # 2 ranks of 2 groups each, micro-batches of 4 rows as one process with grad_accum 4 (tests/test_distributed.py)
 DDP_BLOCKS = {"optim": {"grad_accum": 2}}
 
