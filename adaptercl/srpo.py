@@ -1,10 +1,10 @@
 """What SRPO (Sample-Routed Policy Optimization, arXiv 2604.02288; docs/design.md §4a) adds to GRPO and SDPO.
 
 Each rollout goes to exactly one term. A wrong rollout with a correct sibling (z^S = 1, `teacher_prompts.srpo_routes`;
-"correct" is SDPO's own success decision) goes to the SDPO term, its teacher shown that sibling; every other rollout
-goes to the GRPO term with the usual group advantages over all G rollouts (a success in a mixed group is pushed up,
-an all-wrong group has advantage 0). No mixing coefficient and no advantage blending: the paper's losing control
-"advantage mix" is a different method. The step's loss, over the whole batch's response tokens:
+"correct" is `domains.is_success`, SDPO's own success decision) goes to the SDPO term, its teacher shown that sibling;
+every other rollout goes to the GRPO term with the usual group advantages over all G rollouts (a success in a mixed
+group is pushed up, an all-wrong group has advantage 0). No mixing coefficient and no advantage blending: the paper's
+losing control "advantage mix" is a different method. The step's loss, over the whole batch's response tokens:
 
     L = [Σ_{i,t} z^G_i ℓ^GRPO_{i,t} + Σ_{i,t} z^S_i w_{i,t} ℓ^SDPO_{i,t}] / [Σ_{i,t} z^G_i + Σ_{i,t} z^S_i]
 

@@ -62,9 +62,10 @@ def test_srpo_teacher_prompts_show_the_first_correct_sibling_to_the_sdpo_route_o
     prompts = [[{"role": "system", "content": "S"}, {"role": "user", "content": f"Q{i // G}"}] for i in range(16)]
     responses = [f"answer-{i}" for i in range(16)]
     feedback = ["that is wrong"] * 16  # SRPO routes by siblings: feedback never makes a target
-    shown = METHODS["srpo"].teacher_prompts(prompts, responses, SCORES, feedback, [None] * 16, G, distill, None)
+    succeeded = [s >= 0.5 for s in SCORES]
+    shown = METHODS["srpo"].teacher_prompts(prompts, responses, succeeded, feedback, [None] * 16, G, distill, None)
     assert shown.has_target == ROUTES
-    sdpo = sdpo_teacher_prompts(prompts, responses, SCORES, [None] * 16, G, distill)
+    sdpo = sdpo_teacher_prompts(prompts, responses, succeeded, [None] * 16, G, distill)
     assert sdpo.has_target[0] and not shown.has_target[0]  # SDPO distils a success with a correct sibling; SRPO not
     first_correct = {0: 0, 1: 5, 3: 12}  # group -> its first correct rollout
     for i, routed in enumerate(ROUTES):
@@ -74,7 +75,20 @@ def test_srpo_teacher_prompts_show_the_first_correct_sibling_to_the_sdpo_route_o
             assert shown.messages[i][0] == {"role": "system", "content": "S"}
         else:
             assert shown.messages[i] == prompts[i]
-    assert shown.succeeded == [s >= 0.5 for s in SCORES] and not any(shown.used_feedback)
+    assert shown.succeeded == succeeded and not any(shown.used_feedback)
+
+
+def test_with_trl_style_rewards_correct_is_the_domains_correctness_never_the_score(tmp_path):
+    """A TRL-style result (per-function components) scoring 1.0 for a wrong answer in the right format is wrong for
+    the route and never shown as a sibling (`domains.is_success`: the domain's `correct_from` decision)."""
+    ctx = stage_context(tmp_path, "srpo", ToyDomain(), **SHARP)
+    # group 0 as the module's group 0 by correctness, but rollout 2 is "wrong with a high format reward"
+    correct = [True, False, False, False, True, True, False, True]
+    scores = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    batch, _, targets, _, results = hand_batch(ctx, scores, correct=correct)
+    assert all(r.from_reward_funcs for r in results)
+    assert targets.has_target == [False, True, True, True, False, False, True, False]
+    assert targets.stats["sdpo_route_frac"] == 4 / 8
 
 
 # --------------------------------------------------------------------------------------------- the grammar
@@ -128,9 +142,10 @@ def srpo_context(tmp_path, scores=SCORES, groups: range | None = None, **blocks)
     return (ctx, *hand_batch(ctx, scores, groups))
 
 
-def hand_batch(ctx, scores, groups: range | None = None):
+def hand_batch(ctx, scores, groups: range | None = None, correct: list[bool] | None = None):
     """The completions of `scores` (group-contiguous, G each) for the first prompts of the toy domain, response tokens
-    drawn from a seeded generator with lengths LENGTHS; only the groups in `groups` (a data-parallel rank's)."""
+    drawn from a seeded generator with lengths LENGTHS; only the groups in `groups` (a data-parallel rank's). Native
+    results (correct: score >= 0.5), or with `correct` TRL-style ones (one reward function's component)."""
     tok = ctx.tokenizer
     g = torch.Generator().manual_seed(11)
     ids = [torch.randint(0, 256, (LENGTHS[i],), generator=g).tolist() for i in range(len(scores))]
@@ -140,7 +155,10 @@ def hand_batch(ctx, scores, groups: range | None = None):
         Completion(encode_chat(tok, ex.messages), ids[i], tok.decode(ids[i], skip_special_tokens=True), "stop")
         for i, ex in zip(rows, examples)
     ]
-    results = [RewardResult(scores[i], scores[i] >= 0.5) for i in rows]
+    if correct is None:
+        results = [RewardResult(scores[i], scores[i] >= 0.5) for i in rows]
+    else:
+        results = [RewardResult(scores[i], correct[i], components=(("format", scores[i]),)) for i in rows]
     batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], tok.pad_token_id)
     advantages = losses.group_advantages(torch.tensor([r.score for r in results]), G)
     targets = None

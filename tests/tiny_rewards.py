@@ -54,3 +54,10 @@ def three_args(a, b, c):
 def char_length(text: str, example: Example) -> RewardResult:
     """Dense for any model: the decoded response's length in characters (samples of a random model differ)."""
     return RewardResult(score=len(text) / 100, correct=len(text) > 20)
+
+
+def even_length_or_none(completions, **kwargs) -> list[float | None]:
+    """A TRL-style reward that does not apply to some samples: None for a completion of odd length, else its length
+    mod 3 (a random model's groups mix None with values)."""
+    texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+    return [None if len(t) % 2 else float(len(t) % 3) for t in texts]
