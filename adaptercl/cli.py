@@ -133,10 +133,12 @@ def _recipe(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.file, args.overrides)
     if args.action == "validate":
+        from adaptercl.engine_choice import resolve_engine
         from adaptercl.preflight import decision_lines, preflight
 
+        recipe, choice = resolve_engine(recipe)
         preflight(recipe)
-        print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains)")
+        print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains); {choice.line()}")
         print("".join(f"  {line}\n" for line in decision_lines(recipe)), end="")
         return 0
     if args.action == "serve":

@@ -54,7 +54,9 @@ def run_with_progress(recipe: RecipeConfig, console: Console | None = None) -> R
         progress.update(tasks[key], completed=done, total=total)
 
     def on_event(kind: str, **info) -> None:
-        if kind == "load":
+        if kind == "rollout_engine":
+            console.print(f"[bold]rollout engine[/]: {info['engine']} ({info['reason']})")
+        elif kind == "load":
             tasks["load"] = progress.add_task(f"loading {info['model']}", total=None, info="")
         elif kind == "model":
             if "load" in tasks:
@@ -62,6 +64,8 @@ def run_with_progress(recipe: RecipeConfig, console: Console | None = None) -> R
             console.print(f"[bold]base model[/]: {info['description']}")
         elif kind == "skip":
             console.print(f"{info['stage']}: already done, skipped")
+        elif kind == "micro_batch":
+            console.print(f"{info['stage']}: {info['line']}")
         elif kind == "eval":
             advance(f"eval {info['stage']}", f"{info['stage']}: eval (domains)", info["done"], info["total"])
         elif kind == "drift":
@@ -103,10 +107,12 @@ class PlainProgress:
         self.steps: dict[str, int] = {}  # stage -> its number of steps
         self.mark: dict[str, tuple[float, int | None]] = {}  # stage -> (time, step) of its last line
         self.handlers: dict[str, Callable[..., None]] = {
+            "rollout_engine": lambda engine, reason, **_: self.line(f"rollout engine: {engine} ({reason})"),
             "load": lambda model, **_: self.line(f"loading {model}"),
             "model": lambda description, **_: self.line(f"base model: {description}"),
             "engine": lambda description, **_: self.line(f"rollout engine: {description}"),
             "skip": lambda stage, **_: self.line(f"[{stage}] already done, skipped"),
+            "micro_batch": lambda stage, line, **_: self.line(f"[{stage}] {line}"),
             "stage": self.stage,
             "step": self.step,
             "eval": self.eval,

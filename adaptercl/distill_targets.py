@@ -67,7 +67,8 @@ def distill_targets(
     )  # [N, R]
     mask = mask * torch.tensor(teacher_prompts.has_target, dtype=mask.dtype).unsqueeze(-1)
     if spec.sparse_token_selection and stage.hybrid.distill_on == "high_entropy":
-        entropy = rollout_entropy(ctx.model, batch, stage.optim.grad_accum, stage.rollout.temperature)  # [N, R]
+        micro = ctx.micro_rows(batch.input_ids.shape[0])
+        entropy = rollout_entropy(ctx.model, batch, micro, stage.rollout.temperature)  # [N, R]
         mask = top_entropy_mask(entropy, mask, stage.hybrid.entropy_top_q)  # [N, R]
     stats = {
         **teacher_prompts.stats(),

@@ -26,15 +26,16 @@ trainable adapter's; a stage's rollouts dominate its time, so overlapping the re
 
 Same update as one process: with the same global batch, an N-rank step equals the 1-process step up to float32
 summation order when each rank's rows are whole hf generate batches (rollout.batch_size divides
-prompts_per_step / N x group_size; `rollout.hf.batch_seed`). Draws made over a rank's rows rather than the whole
+prompts_per_step / N x group_size; `rollout.row_seed`). Draws made over a rank's rows rather than the whole
 batch differ from one process's (an equally valid sample, not the same one): LoRA dropout, the distillation mask's
 `distill.mask_ratio` draw and the hybrid's high-entropy top-q selection; the logged distillation fractions are the
 mean over ranks.
 
 Rollout engines under N ranks: `hf` generates on each rank's own model; the in-process `vllm` engine is one
 `vllm.LLM` per rank joined to this world (TRL's colocate mode, `rollout/colocate.py`); `vllm_server` ranks share
-one server, rank 0 loading each adapter version (`rollout/vllm_server.py`). Every request is seeded by its row's
-global index (`SamplingParams.first_row`), so the vLLM engines sample each row as one process would.
+one server, rank 0 loading each adapter version (`rollout/vllm_server.py`). Every request is one row, seeded by its
+global index (`SamplingParams.first_row`, `rollout.row_seed`), so the vLLM engines sample each row as one process
+would.
 """
 
 from __future__ import annotations

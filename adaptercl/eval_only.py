@@ -32,6 +32,7 @@ from adaptercl import adapters as ad
 from adaptercl.atomic import atomic_dir, write_json
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.domains import load_domain
+from adaptercl.engine_choice import resolve_engine
 from adaptercl.evaluate import evaluate_all
 from adaptercl.model import load_base
 from adaptercl.preflight import preflight
@@ -101,7 +102,9 @@ def _evaluate(
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RecipeError(f"eval: --out {str(out)!r} exists and is not empty; choose a new folder")
+    recipe, choice = resolve_engine(recipe)  # rollout.engine auto: hf or vllm, said first
     preflight(recipe)
+    notify("rollout_engine", engine=choice.engine, reason=choice.reason)
     torch.manual_seed(recipe.seed)  # as run_recipe before it loads the domains
     domains = [load_domain(d, recipe.seed, recipe.eval.examples_per_domain) for d in recipe.domains]
     engines = Engines(recipe, notify)

@@ -45,10 +45,9 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, top_q: float) -> Tensor:
 
 
 @torch.no_grad()
-def rollout_entropy(model: torch.nn.Module, batch: TokenBatch, grad_accum: int, temperature: float) -> Tensor:
-    """Student token entropies [N, R] (CPU) at the current policy, in `grad_accum` micro-batches."""
+def rollout_entropy(model: torch.nn.Module, batch: TokenBatch, micro: int, temperature: float) -> Tensor:
+    """Student token entropies [N, R] (CPU) at the current policy, in micro-batches of `micro` rows."""
     n, device = batch.input_ids.shape[0], next(model.parameters()).device
-    micro = math.ceil(n / grad_accum)
     parts = []
     for start in range(0, n, micro):
         mb = batch.select(slice(start, min(n, start + micro))).to(device)

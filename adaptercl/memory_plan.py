@@ -3,11 +3,14 @@
     plan = plan_recipe(load_recipe("recipes/hybrid.yaml"), gpu_memory_gib=24)
     print(plan.render()); plan.fits
 
-Owns the analytic memory model of the three GPU phases of a stage and the wall-time estimate of a recipe. No torch:
-the model's shape comes from `SHAPES` (known architectures) or a local folder's config.json, never from the hub.
+Owns the analytic memory model of the three GPU phases of a stage, the `auto` micro-batch, and the wall-time
+estimate of a recipe. No torch: the model's shape comes from `model_shapes.py` (known architectures or a local
+folder's config.json, never the hub); what a colocated vLLM engine takes is `vllm_memory.py`'s. `rollout.engine:
+auto` is planned as vLLM (`engine_choice.planned`).
 
-Training step (peak of one micro-batch of `rows = ceil(prompts_per_step x group_size / grad_accum)` sequences of
-T = prompt + response tokens, R = response tokens):
+Training step (peak of one micro-batch of `rows` sequences of T = prompt + response tokens, R = response tokens;
+rows = `optim.split_rows` of the step's prompts_per_step x group_size, or with `optim.micro_batch_size: auto` the
+largest micro-batch whose peak x (1 + MICRO_BATCH_MARGIN) fits the card, `auto_micro_batch`):
 
     base       NF4 linears at 4.127 bits/param (4-bit codes + 8-bit absmax per 64 + fp32 absmax per 256, double
                quantisation) + bf16 embeddings, lm_head (when untied) and norms; bf16 everywhere with `none`
@@ -17,37 +20,40 @@ T = prompt + response tokens, R = response tokens):
                checkpointing: rows x T x layers x hidden x 2 bytes (the layer inputs) + one layer's worth recomputed
     logits     rows x min(R, chunk) x vocab x 4 bytes x (student copies + teacher copies of the divergence support)
     overhead   C0 (cuBLAS workspaces, allocator slack at small sizes)
+    vllm_*     a colocated vLLM engine: asleep (sleep mode, level 1) what its sleep keeps, else its whole claim
 
 The free constants (C_ACT, the logit copies and C0) are fitted, by least squares of the relative error, to the
 14 variants measured on an H100 at the Qwen2.5-7B shape (benchmarks/perf/results/cuda_7b_memory.json, peak =
 max_memory_reserved; `benchmarks/perf/fit_memory_plan.py` refits them; tests/test_memory_plan.py: each within 15%).
 Activations are fitted at one shape only: other shapes scale by (hidden + intermediate) x layers, an assumption.
 
-Rollouts and evaluation are not measured; their terms are first principles. hf engine: the trainer's resident
-memory (base, adapters, AdamW state; gradients freed) + bf16 KV cache of `rollout.batch_size` sequences of prompt +
-max_new_tokens (2 x layers x kv_heads x head_dim x 2 bytes a token) + one prefill layer + decode logits. vLLM: the
-trainer's resident memory + the engine's claim, gpu_memory_utilization x the card, which must hold its NF4 weights,
-max_loras x max_lora_rank LoRA slots (bf16), VLLM_RUNTIME_GIB of activations/graphs and the KV of one group.
+Rollouts and evaluation (both run on the recipe's engine) are not measured; their terms are first principles. hf
+engine: the trainer's resident memory (base, adapters, AdamW state; gradients freed) + bf16 KV cache of
+`rollout.batch_size` sequences of prompt + max_new_tokens + one prefill layer + decode logits. vLLM: the trainer's
+resident memory + the engine's claim, gpu_memory_utilization x the card (`vllm_memory.py`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from adaptercl.config import RecipeConfig, RecipeError, StageConfig
-from adaptercl.continual import max_served_rank
+from adaptercl.config import RecipeConfig, StageConfig
+from adaptercl.engine_choice import planned
 from adaptercl.methods import METHODS
-from adaptercl.vllm_settings import vllm_lora_rank
+from adaptercl.model_shapes import GIB, Shape, base_bytes, gib, kv_bytes, lora_params, shape_of
+from adaptercl.rollout_config import ENGINES
+from adaptercl.vllm_memory import (
+    PROMPT_TOKENS,
+    VLLM_ASLEEP_GIB,
+    step_companions,
+    vllm_need_terms,
+    vllm_utilization,
+)
 from adaptercl.wall_time import WallTime, estimate_wall_time
 
-GIB = 2**30
-ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # bitsandbytes NF4 with double quantisation: 4.127 bits per parameter
 CUDA_CONTEXT_GIB = 0.5  # CUDA context + kernels, outside torch's allocator (assumption, typical of torch 2.x)
-VLLM_RUNTIME_GIB = 1.5  # vLLM's profiled activations, sampler and CUDA graphs at its defaults (assumption)
+MICRO_BATCH_MARGIN = 0.10  # auto micro-batch: planned peak x 1.10 must fit; the fit's largest underestimate is 5.7%
 
 # Fitted on benchmarks/perf/results/cuda_7b_memory.json (see the module docstring; fit_memory_plan.py refits).
 # Largest residual of the fit: +6.7% (sdpo, micro-batch 1); the others within 6%.
@@ -55,84 +61,6 @@ C_ACT = 7.34  # kept activations of one layer per token, in units of (hidden + i
 C0_GIB = 0.97  # fixed overhead
 STUDENT_LOGIT_COPIES = {"chunked": 1.86, "full": 2.56}  # [rows, positions, V] float32 tensors alive at the peak
 TEACHER_LOGIT_COPIES = {"none": 0.0, "sampled": 2.05, "topk": 3.64, "full": 6.74}  # same, added by the teacher
-
-
-@dataclass(frozen=True)
-class Shape:
-    """What the memory model needs of a decoder-only transformer (Llama/Qwen2 layout)."""
-
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    vocab: int
-    tie_embeddings: bool
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """(in, out) of each projection of one layer."""
-        h, i, kv = self.hidden, self.intermediate, self.kv_heads * self.head_dim
-        return {"q_proj": (h, h), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (h, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}  # fmt: skip
-
-    def linear_params(self) -> int:
-        return self.layers * sum(a * b for a, b in self.linear_shapes().values())
-
-    def embedding_params(self) -> int:
-        return self.vocab * self.hidden * (1 if self.tie_embeddings else 2)
-
-
-# Hub ids (lower case, without "-instruct") -> shape, from each model's config.json.
-SHAPES: dict[str, Shape] = {
-    "qwen/qwen2.5-0.5b": Shape(896, 4864, 24, 14, 2, 151936, True),
-    "qwen/qwen2.5-1.5b": Shape(1536, 8960, 28, 12, 2, 151936, True),
-    "qwen/qwen2.5-3b": Shape(2048, 11008, 36, 16, 2, 151936, True),
-    "qwen/qwen2.5-7b": Shape(3584, 18944, 28, 28, 4, 152064, False),
-    "qwen/qwen2.5-14b": Shape(5120, 13824, 48, 40, 8, 152064, False),
-    "huggingfacetb/smollm2-135m": Shape(576, 1536, 30, 9, 3, 49152, True),
-}
-SHAPES["smollm2-135m"] = SHAPES["huggingfacetb/smollm2-135m"]  # the built-in alias smollm2-135m-instruct
-SHAPES["tiny-random"] = Shape(64, 128, 2, 2, 1, 320, False)  # model.py's built-in 2-layer Qwen2
-
-
-def shape_of(model_name: str) -> Shape:
-    """The shape of a known hub id or of a local folder's config.json; RecipeError otherwise (no download)."""
-    folder = Path(model_name)
-    if (folder / "config.json").is_file():
-        cfg = json.loads((folder / "config.json").read_text())
-        try:
-            return Shape(cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"],
-                         cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
-                         cfg["vocab_size"], bool(cfg.get("tie_word_embeddings", False)))  # fmt: skip
-        except KeyError as err:
-            missing = err.args[0]
-            raise RecipeError(f"model.name: {folder}/config.json lacks {missing!r} (Llama/Qwen2 layout)") from None
-    key = model_name.lower().removesuffix("-instruct")
-    if key not in SHAPES:
-        raise RecipeError(
-            f"model.name: {model_name!r} is not in the plan's table of shapes ({', '.join(sorted(SHAPES))}); "
-            "point model.name at a local folder with its config.json (nothing is downloaded)"
-        )
-    return SHAPES[key]
-
-
-def base_bytes(shape: Shape, quantization: str) -> float:
-    """The frozen base: NF4 linears + bf16 embeddings/lm_head, or all bf16."""
-    bits = NF4_BITS if quantization in ("nf4", "auto") else 16
-    norms = (2 * shape.layers + 1) * shape.hidden
-    return shape.linear_params() * bits / 8 + (shape.embedding_params() + norms) * 2
-
-
-def lora_params(shape: Shape, stage: StageConfig, rank: int | None = None) -> int:
-    """LoRA parameters of one adapter: r x (in + out) per adapted projection per adapted layer."""
-    targets = ALL_LINEAR if stage.lora.target_modules == "all-linear" else stage.lora.target_modules
-    layers = len(stage.lora.layers) if stage.lora.layers is not None else shape.layers
-    per_layer = sum(a + b for name, (a, b) in shape.linear_shapes().items() if name in targets)
-    return (rank or stage.lora.r) * per_layer * layers
 
 
 @dataclass(frozen=True)
@@ -187,6 +115,7 @@ class Plan:
     prompt_tokens: int
     phases: list[Phase]
     wall_time: WallTime
+    notes: list[str] = field(default_factory=list)  # what the plan chose or assumed for `auto` settings
 
     @property
     def fits(self) -> bool:
@@ -203,11 +132,7 @@ class Plan:
             lines.append(f"{p.name:<10} {p.stage:<14} {p.gib:>9.2f}  {verdict:<14} {p.detail}")
         for p in self.phases:
             lines += [f"  to fit {p.name}: {s}" for s in p.suggestions]
-        return "\n".join(lines + [self.wall_time.render()])
-
-
-def _gib(terms: dict[str, float]) -> float:
-    return sum(terms.values()) / GIB
+        return "\n".join(lines + self.notes + [self.wall_time.render()])
 
 
 def _detail(terms: dict[str, float]) -> str:
@@ -228,18 +153,21 @@ def _has_teacher(stage: StageConfig) -> bool:
     return METHODS[stage.method].needs_teacher
 
 
-def train_workload(shape: Shape, stage: StageConfig, index: int, prompt: int, grad_accum: int | None = None,
-                   checkpointing: bool | None = None, chunk: int | str | None = "recipe") -> TrainWorkload:  # fmt:skip
-    """The stage's training micro-batch on CUDA (auto = checkpointing on, 1024-position chunks); overrides for
-    the suggestions' searches."""
+def train_workload(shape: Shape, stage: StageConfig, index: int, prompt: int, rows: int | None = None,
+                   grad_accum: int | None = None, checkpointing: bool | None = None,
+                   chunk: int | str | None = "recipe") -> TrainWorkload:  # fmt: skip
+    """The stage's training micro-batch on CUDA (auto = checkpointing on, 1024-position chunks) of `rows` sequences
+    (default: `optim.split_rows`, the split without a card); overrides for the searches."""
     optim = stage.optim
     sequences = optim.prompts_per_step * stage.rollout.group_size
     ckpt = optim.activation_checkpointing in ("auto", True) if checkpointing is None else checkpointing
     if chunk == "recipe":
         setting = optim.logits_chunk_size
         chunk = 1024 if setting == "auto" else None if setting == "off" else setting
+    if rows is None:
+        rows = math.ceil(sequences / grad_accum) if grad_accum else optim.split_rows(sequences)
     return TrainWorkload(
-        rows=math.ceil(sequences / (grad_accum or optim.grad_accum)),
+        rows=rows,
         prompt=prompt,
         response=stage.rollout.max_new_tokens,
         checkpointing=ckpt,
@@ -250,6 +178,44 @@ def train_workload(shape: Shape, stage: StageConfig, index: int, prompt: int, gr
     )
 
 
+@dataclass(frozen=True)
+class MicroBatchPlan:
+    """`optim.micro_batch_size: auto` for one stage on one card."""
+
+    rows: int  # sequences per micro-batch
+    peak_gib: float  # the planned training step at `rows`, with what shares the card (step_companions)
+    limit_gib: float  # the card less the CUDA context
+
+
+def auto_micro_batch(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, card_gib: float,
+                     sequences: int | None = None, checkpointing: bool | None = None,
+                     chunk: int | str | None = "recipe") -> MicroBatchPlan:  # fmt: skip
+    """The largest micro-batch (at most `sequences`, default the step's) of stage `index` whose planned training
+    peak plus what shares the card during the step (`step_companions`) times 1 + MICRO_BATCH_MARGIN fits the card
+    less the CUDA context; 1 when none does (the plan then says the step does not fit)."""
+    stage = recipe.stages[index]
+    sequences = sequences or stage.optim.prompts_per_step * stage.rollout.group_size
+    limit = card_gib - CUDA_CONTEXT_GIB
+    extra = gib(step_companions(shape, recipe, card_gib))
+
+    def peak(rows: int) -> float:
+        workload = train_workload(shape, stage, index, prompt, rows, checkpointing=checkpointing, chunk=chunk)
+        return gib(train_terms(shape, recipe.quantization, workload)) + extra
+
+    rows = 1
+    while rows < sequences and peak(rows + 1) * (1 + MICRO_BATCH_MARGIN) <= limit:
+        rows += 1
+    return MicroBatchPlan(rows, peak(rows), limit)
+
+
+def planned_rows(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, card_gib: float) -> int:
+    """Sequences per micro-batch of stage `index` on a CUDA card of `card_gib`."""
+    optim = recipe.stages[index].optim
+    if optim.micro_batch_size == "auto":
+        return auto_micro_batch(shape, recipe, index, prompt, card_gib).rows
+    return optim.split_rows(optim.prompts_per_step * recipe.stages[index].rollout.group_size)
+
+
 def _resident(shape: Shape, recipe: RecipeConfig, stage: StageConfig, index: int) -> dict[str, float]:
     """What the trainer keeps on the GPU between steps: base, adapters, AdamW state (gradients are freed)."""
     return {
@@ -257,11 +223,6 @@ def _resident(shape: Shape, recipe: RecipeConfig, stage: StageConfig, index: int
         "adapters": lora_params(shape, stage) * 12 + _frozen_params(shape, stage, index) * 4,
         "overhead": C0_GIB * GIB,
     }
-
-
-def kv_bytes(shape: Shape, tokens: int) -> float:
-    """bf16 keys and values of `tokens` tokens over every layer."""
-    return 2 * shape.layers * shape.kv_heads * shape.head_dim * 2 * tokens
 
 
 def hf_generate_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, index: int, batch: int, prompt: int,
@@ -277,122 +238,131 @@ def hf_generate_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, in
     }
 
 
-def vllm_need_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, prompt: int) -> dict[str, float]:
-    """What the vLLM engine must hold inside its gpu_memory_utilization claim."""
-    r = stage.rollout
-    rank = vllm_lora_rank(r.max_lora_rank or max_served_rank(recipe), "rollout.max_lora_rank")
-    slots = (r.max_loras or 2) * lora_params(shape, stage, rank)
-    return {
-        "weights": base_bytes(shape, recipe.quantization),
-        "lora_slots": slots * 2,
-        "runtime": VLLM_RUNTIME_GIB * GIB,
-        "kv_cache": kv_bytes(shape, r.group_size * (prompt + r.max_new_tokens)),
-    }
-
-
 def _worst(rows: list[tuple[str, dict[str, float]]]) -> tuple[str, dict[str, float]]:
-    return max(rows, key=lambda row: _gib(row[1]))  # the first stage of the largest
+    return max(rows, key=lambda row: gib(row[1]))  # the first stage of the largest
 
 
-def _train_phase(shape: Shape, recipe: RecipeConfig, prompt: int, limit: float) -> Phase:
+def _train_phase(shape: Shape, recipe: RecipeConfig, prompt: int, card: float) -> Phase:
+    limit, companions = card - CUDA_CONTEXT_GIB, step_companions(shape, recipe, card)
+    extra = gib(companions)
+
     def peak(i: int, stage: StageConfig, **kw) -> float:
-        return _gib(train_terms(shape, recipe.quantization, train_workload(shape, stage, i, prompt, **kw)))
+        return gib(train_terms(shape, recipe.quantization, train_workload(shape, stage, i, prompt, **kw))) + extra
 
-    rows = [(s.name, train_terms(shape, recipe.quantization, train_workload(shape, s, i, prompt)))
+    rows = [(s.name, {**train_terms(shape, recipe.quantization, train_workload(
+             shape, s, i, prompt, planned_rows(shape, recipe, i, prompt, card))), **companions})
             for i, s in enumerate(recipe.stages)]  # fmt: skip
     name, terms = _worst(rows)
-    vllm_awake = sum(
-        s.rollout.gpu_memory_utilization * (limit + CUDA_CONTEXT_GIB) * GIB
-        for s in recipe.stages[:1]
-        if s.rollout.engine == "vllm" and not s.rollout.enable_sleep_mode
-    )
-    if vllm_awake:
-        terms = {**terms, "vllm_awake": vllm_awake}
-    phase = Phase("train", name, _gib(terms), limit, _detail(terms))
+    phase = Phase("train", name, gib(terms), limit, _detail(terms))
     if phase.fits:
         return phase
     for i, stage in enumerate(recipe.stages):
-        if peak(i, stage) + vllm_awake / GIB <= limit:
+        kw = {"rows": planned_rows(shape, recipe, i, prompt, card)}
+        if peak(i, stage, **kw) <= limit:
             continue
-        where, kw = f"stages.{stage.name}.", {}  # suggestions are cumulative: each predicted with the ones above
+        where = f"stages.{stage.name}."  # suggestions are cumulative: each predicted with the ones above
         sequences = stage.optim.prompts_per_step * stage.rollout.group_size
         if stage.optim.activation_checkpointing is False:
             kw["checkpointing"] = True
             phase.suggestions.append(
                 f"{where}optim.activation_checkpointing=true (then {peak(i, stage, **kw):.1f} GiB)"
             )
-        for accum in range(stage.optim.grad_accum + 1, sequences + 1):
-            if sequences % accum == 0 and peak(i, stage, grad_accum=accum, **kw) + vllm_awake / GIB <= limit:
-                kw["grad_accum"] = accum
-                phase.suggestions.append(f"{where}optim.grad_accum={accum} (then {peak(i, stage, **kw):.1f} GiB)")
+        for rows_ in range(kw["rows"] - 1, 0, -1):
+            if sequences % rows_ == 0 and peak(i, stage, **{**kw, "rows": rows_}) <= limit:
+                kw["rows"] = rows_
+                split = (f"optim.grad_accum={sequences // rows_}" if stage.optim.micro_batch_size is None
+                         else f"optim.micro_batch_size={rows_}")  # fmt: skip
+                phase.suggestions.append(f"{where}{split} (then {peak(i, stage, **kw):.1f} GiB)")
                 break
         if peak(i, stage, chunk=256, **kw) < peak(i, stage, **kw):
             kw["chunk"] = 256
             phase.suggestions.append(f"{where}optim.logits_chunk_size=256 (then {peak(i, stage, **kw):.1f} GiB)")
         phase.suggestions.append(f"{where}rollout.max_new_tokens (shorter responses: activations and logits shrink "
                                  "linearly)")  # fmt: skip
-        if vllm_awake:
+        if "vllm_awake" in companions:
             phase.suggestions.append(f"{where}rollout.enable_sleep_mode=true (frees vLLM's claim during the step)")
     return phase
 
 
-def _rollout_phase(shape: Shape, recipe: RecipeConfig, prompt: int, limit: float) -> Phase:
-    rows, need_rows = [], []
-    for i, s in enumerate(recipe.stages):
-        if s.rollout.engine == "hf":
-            rows.append((s.name, hf_generate_terms(shape, recipe, s, i, s.rollout.batch_size, prompt,
-                                                   s.rollout.max_new_tokens)))  # fmt: skip
-        elif s.rollout.engine == "vllm_server":  # the server's GPUs are not this one
-            rows.append((s.name, _resident(shape, recipe, s, i)))
-        else:
-            claim = s.rollout.gpu_memory_utilization * (limit + CUDA_CONTEXT_GIB) * GIB
-            rows.append((s.name, {**_resident(shape, recipe, s, i), "vllm_claim": claim}))
-            need_rows.append((s, claim, vllm_need_terms(shape, recipe, s, prompt)))
-    name, terms = _worst(rows)
-    phase = Phase("rollout", name, _gib(terms), limit, _detail(terms))
-    for s, claim, need in need_rows:
-        if _gib(need) > claim / GIB:
-            total = limit + CUDA_CONTEXT_GIB
+def _generate_terms(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, new_tokens: int,
+                    card: float) -> dict[str, float]:  # fmt: skip
+    """The card while stage `index` generates `new_tokens` a sequence with the run's engine."""
+    stage = recipe.stages[index]
+    engine = ENGINES[stage.rollout.engine]
+    if engine.home is None:  # hf: generate on the training model
+        return hf_generate_terms(shape, recipe, stage, index, stage.rollout.batch_size, prompt, new_tokens)
+    resident = _resident(shape, recipe, stage, index)
+    if not engine.needs_local_vllm:  # a vLLM server: its GPUs are not this one
+        return resident
+    return {**resident, "vllm_claim": vllm_utilization(shape, recipe, card) * card * GIB}
+
+
+def _generate_phase(name: str, shape: Shape, recipe: RecipeConfig, prompt: int, new_tokens: int, card: float) -> Phase:
+    limit = card - CUDA_CONTEXT_GIB
+    rows = [(s.name, _generate_terms(shape, recipe, i, prompt, new_tokens, card)) for i, s in enumerate(recipe.stages)]
+    stage_name, terms = _worst(rows)
+    phase = Phase(name, stage_name, gib(terms), limit, _detail(terms))
+    stage = next(s for s in recipe.stages if s.name == stage_name)
+    if ENGINES[stage.rollout.engine].needs_local_vllm:
+        worst = max(recipe.stages, key=lambda s: gib(vllm_need_terms(shape, recipe, s, prompt)))
+        need, claim = vllm_need_terms(shape, recipe, worst, prompt), terms["vllm_claim"]
+        if gib(need) > claim / GIB:  # vLLM would start with a smaller KV cache than a step's rollouts need
             phase.suggestions.append(
-                f"rollout.gpu_memory_utilization={math.ceil(100 * _gib(need) / total) / 100:g} (vLLM needs "
-                f"{_gib(need):.1f} GiB: {_detail(need)}; it may claim {claim / GIB:.1f})"
+                f"rollout.gpu_memory_utilization={math.ceil(100 * gib(need) / card) / 100:g} (vLLM needs "
+                f"{gib(need):.1f} GiB: {_detail(need)}; it may claim {claim / GIB:.1f})"
             )
-            phase.gib = max(phase.gib, _gib(_resident(shape, recipe, s, 0)) + _gib(need))
     if not phase.fits:
-        stage = next(s for s in recipe.stages if s.name == name)
-        if stage.rollout.engine == "hf":
-            i = recipe.stages.index(stage)
+        i = recipe.stages.index(stage)
+        if ENGINES[stage.rollout.engine].home is None:
             for batch in range(stage.rollout.batch_size - 1, 0, -1):
-                smaller = hf_generate_terms(shape, recipe, stage, i, batch, prompt, stage.rollout.max_new_tokens)
-                if _gib(smaller) <= limit:
+                smaller = hf_generate_terms(shape, recipe, stage, i, batch, prompt, new_tokens)
+                if gib(smaller) <= limit:
                     phase.suggestions.append(f"rollout.batch_size={batch}")
                     break
         else:
             phase.suggestions.append("rollout.gpu_memory_utilization (lower: the trainer and vLLM share the card)")
-        phase.suggestions.append("rollout.max_new_tokens (a shorter KV cache)")
+        phase.suggestions.append(f"{'rollout' if name == 'rollout' else 'eval'}.max_new_tokens (a shorter KV cache)")
     return phase
 
 
-def _eval_phase(shape: Shape, recipe: RecipeConfig, prompt: int, limit: float) -> Phase:
-    new = recipe.eval_max_new_tokens
-    rows = [(s.name, hf_generate_terms(shape, recipe, s, i, s.rollout.batch_size, prompt, new))
-            for i, s in enumerate(recipe.stages)]  # fmt: skip
-    name, terms = _worst(rows)
-    phase = Phase("eval", name, _gib(terms), limit, _detail(terms))
-    if not phase.fits:
-        phase.suggestions.append("rollout.batch_size (fewer greedy sequences per generate call)")
-        phase.suggestions.append("eval.max_new_tokens (a shorter KV cache)")
-    return phase
+def _notes(shape: Shape, recipe: RecipeConfig, written: RecipeConfig, prompt: int, card: float) -> list[str]:
+    """What the plan chose or assumed for the recipe's `auto` settings."""
+    notes = []
+    if written.stages[0].rollout.engine == "auto":
+        notes.append("rollout.engine auto planned as vLLM (what it picks on a CUDA card with vLLM installed); "
+                     "without vLLM it is transformers: plan that with rollout.engine=hf")  # fmt: skip
+    auto = [i for i, s in enumerate(recipe.stages) if s.optim.micro_batch_size == "auto"]
+    if auto:
+        chosen = [auto_micro_batch(shape, recipe, i, prompt, card) for i in auto]
+        each = ", ".join(f"{recipe.stages[i].name} {c.rows} ({c.peak_gib:.1f} GiB)" for i, c in zip(auto, chosen))
+        notes.append(f"optim.micro_batch_size auto (the largest micro-batch whose planned step x "
+                     f"{1 + MICRO_BATCH_MARGIN:g} fits {chosen[0].limit_gib:g} GiB): {each}")  # fmt: skip
+    rollout = recipe.stages[0].rollout
+    if ENGINES[rollout.engine].needs_local_vllm:
+        share = vllm_utilization(shape, recipe, card)
+        need = max((vllm_need_terms(shape, recipe, s, PROMPT_TOKENS) for s in recipe.stages), key=gib)
+        how = "auto: its needs, " if rollout.gpu_memory_utilization == "auto" else ""
+        sleep = (f"asleep in each optimiser step (sleep level 1: weights to CPU RAM, KV cache dropped) it keeps "
+                 f"{VLLM_ASLEEP_GIB:g} GiB" if rollout.enable_sleep_mode else "awake in the optimiser step (no "
+                 "sleep mode): its whole claim stays")  # fmt: skip
+        notes.append(f"vLLM claims {share:g} of the card = {share * card:.1f} GiB ({how}{_detail(need)} with "
+                     f"{PROMPT_TOKENS}-token prompts); {sleep}")  # fmt: skip
+    return notes
 
 
-def plan_recipe(recipe: RecipeConfig, gpu_memory_gib: float = 24.0, prompt_tokens: int = 1024) -> Plan:
+def plan_recipe(recipe: RecipeConfig, gpu_memory_gib: float = 24.0, prompt_tokens: int = PROMPT_TOKENS) -> Plan:
     """Predicted peak GPU memory of each phase (training step, rollouts, evaluation) and the wall time."""
+    written, recipe = recipe, planned(recipe)  # rollout.engine auto: vLLM, what it picks on a CUDA card with vLLM
     shape = shape_of(recipe.model.name)
-    limit = gpu_memory_gib - CUDA_CONTEXT_GIB
-    phases = [build(shape, recipe, prompt_tokens, limit) for build in (_train_phase, _rollout_phase, _eval_phase)]
-    return Plan(
-        recipe.model.name, gpu_memory_gib, prompt_tokens, phases, estimate_wall_time(recipe, shape_params(shape))
-    )
+    card = gpu_memory_gib
+    phases = [
+        _train_phase(shape, recipe, prompt_tokens, card),
+        _generate_phase("rollout", shape, recipe, prompt_tokens, recipe.stages[0].rollout.max_new_tokens, card),
+        _generate_phase("eval", shape, recipe, prompt_tokens, recipe.eval_max_new_tokens, card),
+    ]
+    notes = _notes(shape, recipe, written, prompt_tokens, card)
+    wall = estimate_wall_time(recipe, shape_params(shape))
+    return Plan(recipe.model.name, gpu_memory_gib, prompt_tokens, phases, wall, notes)
 
 
 def shape_params(shape: Shape) -> float:

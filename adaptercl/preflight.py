@@ -8,14 +8,16 @@ what a recipe says; this checks it against this machine, each problem one `Recip
   folder with the split files, and its local `eval_file` exist (`domains.loading.check_domain`; URL and hub
   sources are not fetched here);
 - `rollout.engine: vllm` has vLLM installed (`vllm_server` needs none here; its server is first contacted when
-  the run starts, and its URL's form is the grammar's check);
+  the run starts, and its URL's form is the grammar's check; `auto` needs none: the callers resolve it first,
+  `engine_choice.resolve_engine`, and it falls back to transformers);
 - `eval.lm_eval.tasks`: lm-eval is installed and knows every task (its include_path exists); this imports lm-eval
   and reads its task index, a few seconds, only when tasks are set.
 - every tracker of `report_to` has its package installed (`tracking.require_trackers`).
 
 `adaptercl recipe validate` and `run.run_recipe` call it. No torch import: validate stays well under a second
-(importing a user's reward module aside). `decision_lines` is what validate prints after "ok": per domain, how a
-sample is judged correct (the accuracy matrix) and a success (SDPO/hybrid, `domains.is_success`).
+(importing a user's reward module aside, and resolving `rollout.engine: auto` where a CUDA driver is found, which
+imports vLLM). `decision_lines` is what validate prints after "ok": per domain, how a sample is judged correct (the
+accuracy matrix) and a success (SDPO/hybrid, `domains.is_success`).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def preflight(recipe: RecipeConfig) -> None:
     check_model_path(recipe.model.name)
     for domain in recipe.domains:
         check_domain(domain)
-    if ENGINES[recipe.stages[0].rollout.engine].needs_local_vllm:  # one engine serves every stage (config checks)
+    kind = ENGINES.get(recipe.stages[0].rollout.engine)  # one engine serves every stage (config checks); auto: None
+    if kind is not None and kind.needs_local_vllm:
         require_vllm()
     if recipe.eval.lm_eval.tasks:  # lm-eval's task index: a mistyped task fails here, not after stage 1
         from adaptercl.lm_eval_probes import check_tasks

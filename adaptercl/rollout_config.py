@@ -6,11 +6,13 @@ import; `config.py` re-exports it. The engine fields (`ENGINE_FIELDS`) configure
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from adaptercl.method_config import ConfigBlock
 
@@ -23,7 +25,8 @@ class EngineKind:
     needs_local_vllm: bool  # vLLM must be importable in the trainer's process (preflight's one-line check)
 
 
-# rollout.engine -> its kind (run.Engines builds from this table; no engine name is compared elsewhere in the run)
+# rollout.engine -> its kind (run.Engines builds from this table; no engine name is compared elsewhere in the run).
+# `auto` is not an engine: `engine_choice.resolve_engine` replaces it with hf or vllm before the run starts.
 ENGINES: dict[str, EngineKind] = {
     "hf": EngineKind(home=None, needs_local_vllm=False),
     "vllm": EngineKind(home="adaptercl.rollout.vllm:VLLMEngine", needs_local_vllm=True),
@@ -80,10 +83,12 @@ class RolloutServerConfig(ConfigBlock):
 
 
 class RolloutConfig(ConfigBlock):
-    engine: Literal["hf", "vllm", "vllm_server"] = Field(
+    engine: Literal["hf", "vllm", "vllm_server", "auto"] = Field(
         "hf",
-        description="Rollout engine: plain transformers (reference), vLLM in this process, or a running vLLM "
-        "server (`rollout.server`) on other GPUs or hosts.",
+        description="Rollout and evaluation engine: plain transformers (reference), vLLM in this process, a running "
+        "vLLM server (`rollout.server`) on other GPUs or hosts, or auto: vLLM in this process where a CUDA device "
+        "is visible and vLLM imports and can load the base, else transformers; decided when the run starts, which "
+        "says which and why (engine_choice.py).",
     )
     group_size: int = Field(8, ge=1, description="Samples per prompt (G). SDFT uses 1 sample per prompt.")
     max_new_tokens: int = Field(256, ge=1, description="Longest sampled response, in tokens.")
@@ -96,7 +101,12 @@ class RolloutConfig(ConfigBlock):
         "weight (exact to fp32 rounding; one extra copy of the adapted weights meanwhile). Quantised and "
         "half-precision bases are never folded.",
     )
-    gpu_memory_utilization: float = Field(0.3, gt=0.0, lt=1.0, description="vLLM: GPU memory fraction it may use.")
+    gpu_memory_utilization: float | Literal["auto"] = Field(
+        0.3,
+        description="vLLM on CUDA: the share of the whole card it may claim (weights, LoRA slots, runtime, KV cache). "
+        "auto: the share the memory plan gives its NF4 weights, LoRA slots, runtime and the KV cache of one step's "
+        "rollouts at the cap (1024-token prompts), rounded up to 0.01 (vllm_memory.vllm_utilization).",
+    )
     vllm_base: str | None = Field(
         None,
         description="vLLM: a rollout-side base (e.g. an AWQ checkpoint of the same model) when the vLLM "
@@ -125,6 +135,22 @@ class RolloutConfig(ConfigBlock):
         "`engine: vllm_server`.",
     )
     server: RolloutServerConfig = Field(default_factory=RolloutServerConfig)
+
+    @field_validator("gpu_memory_utilization", mode="before")
+    @classmethod
+    def _auto_or_number(cls, value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):  # as every float field (ConfigBlock), not a union
+            raise PydanticCustomError("finite_number", "Input should be a finite number")
+        if isinstance(value, str) and value != "auto":
+            raise ValueError(f"must be 'auto' or a fraction of the card between 0 and 1, got {value!r}")
+        return value
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _fraction(cls, value: float | str) -> float | str:
+        if value != "auto" and not 0 < value < 1:
+            raise ValueError(f"must be 'auto' or a fraction of the card between 0 and 1, got {value!r}")
+        return value
 
     @model_validator(mode="after")
     def _check_server(self) -> RolloutConfig:

@@ -3,7 +3,8 @@
     result = run_recipe(load_recipe("recipes/quickstart.yaml"))   # the accuracy matrix, row 0 = before training
 
 For each stage: attach its adapter as the stacking rule says (`continual.plan_adapters`: new, continue or merge),
-create its self-teacher when the method has one (and measure the teacher lift, `diagnostics.py`), train
+create its self-teacher when the method has one (and measure the teacher lift, `diagnostics.py`), choose its
+micro-batch (`micro_batch.py`: `optim.micro_batch_size`, auto sized to the card, said and written), train
 (`stage.run_stage`), save the adapter, the teacher and the combined adapter, evaluate every domain, measure drift,
 and write done.json last. Rerunning into the same directory skips finished stages (their adapters are loaded from
 disk), so a finished run is a no-op and an interrupted one continues with the first unfinished stage (mid-stage from
@@ -33,10 +34,12 @@ from adaptercl.continual import AdapterPlan, plan_adapters
 from adaptercl.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
 from adaptercl.domains import Domain, load_domain
 from adaptercl.drift import BaseWeights, parameter_drift_report, response_drift
+from adaptercl.engine_choice import resolve_engine
 from adaptercl.evaluate import evaluate_all
 from adaptercl.lora_factors import write_combined_adapter
 from adaptercl.methods import METHODS
 from adaptercl.metrics import cl_metrics
+from adaptercl.micro_batch import choose_micro_batch
 from adaptercl.model import load_base
 from adaptercl.preflight import preflight
 from adaptercl.report import write_report
@@ -66,14 +69,20 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     (`tracking.py`).
 
     Launched as N processes (torchrun, accelerate launch) it trains data-parallel (`distributed.py`): rank 0 alone
-    writes the run directory and reports events; the other ranks train, evaluate and measure alongside it."""
+    writes the run directory and reports events; the other ranks train, evaluate and measure alongside it.
+
+    `rollout.engine: auto` is decided first (`engine_choice.resolve_engine`) and reported as the first event,
+    rollout_engine (engine, reason); the run directory keeps the recipe as written."""
+    written = recipe
+    recipe, choice = resolve_engine(recipe)
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
     with distributed.process_group() as world:
         check_world(recipe, world)
         if not world.is_main:  # events, progress and trackers are rank 0's
-            return _run_recipe(recipe, None, world)
+            return _run_recipe(recipe, written, None, world)
         with tracking(recipe, on_event or (lambda kind, **info: None)) as notify:
-            return _run_recipe(recipe, notify, world)
+            notify("rollout_engine", engine=choice.engine, reason=choice.reason)
+            return _run_recipe(recipe, written, notify, world)
 
 
 def check_world(recipe: RecipeConfig, world: distributed.World) -> None:
@@ -94,10 +103,13 @@ def check_world(recipe: RecipeConfig, world: distributed.World) -> None:
             )
 
 
-def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world: distributed.World) -> RunResult:
+def _run_recipe(
+    recipe: RecipeConfig, written: RecipeConfig, on_event: Callable[..., Any] | None, world: distributed.World
+) -> RunResult:
+    """`recipe` with its engine resolved; `written` as the user wrote it (what the run directory keeps)."""
     notify = on_event or (lambda kind, **info: None)
     main = world.is_main
-    run = RunDir(Path(recipe.output_dir), recipe)
+    run = RunDir(Path(recipe.output_dir), written)
     distributed.on_main(run.claim)
     if run.is_finished():  # every stage is done: nothing to load, nothing to write
         for stage_dir in run.stages():
@@ -210,6 +222,11 @@ def _run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None, world
             ),
             teacher=teacher,
         )
+        chosen = choose_micro_batch(recipe, i, model, tok, [ctx.domain, *ctx.replay_domains], world.size)
+        ctx.micro_batch = chosen.rows  # optim.micro_batch_size (auto: sized to the card); None: grad_accum's split
+        if chosen.record is not None:
+            distributed.on_main(partial(stage_dir.write_micro_batch, chosen.record))
+            notify("micro_batch", stage=stage_dir.name, line=chosen.line(), record=chosen.record)
         lift_prompts = recipe.eval.teacher_lift_prompts
         needs_lift = teacher is not None and lift_prompts and not stage_dir.teacher_lift.is_file()
         if distributed.broadcast_object(needs_lift):  # before the first step; every rank measures, rank 0 writes

@@ -12,6 +12,8 @@
                     metrics.jsonl eval.json done.json
                     lm_eval.json                eval.lm_eval.tasks: lm-eval's metrics per task (`lm_eval_probes`)
                     samples.jsonl               a few rollout samples per step (`rollout_samples.py`)
+                    micro_batch.json            optim.micro_batch_size set: the micro-batch trained with and why
+                                                (`micro_batch.py`; auto: the plan's peak on this card)
                     drift.json                  parameter and response drift vs the base; stage_kl: forward KL
                                                 from the previous stage's policy (`diagnostics.stage_kl`)
                     checkpoint/                 resume point while the stage runs (removed when done)
@@ -100,6 +102,10 @@ class StageDir:
         return self.path / "teacher_lift.json"
 
     @property
+    def micro_batch(self) -> Path:
+        return self.path / "micro_batch.json"
+
+    @property
     def done(self) -> Path:
         return self.path / "done.json"
 
@@ -131,6 +137,9 @@ class StageDir:
     def read_teacher_lift(self) -> dict[str, Any] | None:
         """The stage-start teacher lift (`diagnostics.teacher_lift`), or None where it was not measured."""
         return json.loads(self.teacher_lift.read_text()) if self.teacher_lift.is_file() else None
+
+    def write_micro_batch(self, record: dict[str, Any]) -> None:
+        write_json(self.micro_batch, record)
 
     def mark_done(self, info: dict[str, Any]) -> None:
         """Write done.json, the stage's last file."""

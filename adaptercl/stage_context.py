@@ -34,6 +34,11 @@ class StageContext:
     base_weights: BaseWeights = field(default_factory=BaseWeights)  # dequantised W0 cache for drift
     previous: list[str] = field(default_factory=list)  # adapters making up the model after the previous stage
     replay_domains: list[Domain] = field(default_factory=list)  # earlier stages' domains (regularizers.replay_*)
+    micro_batch: int | None = None  # sequences per micro-batch chosen for the run (micro_batch.py); None: the split
+
+    def micro_rows(self, n: int) -> int:
+        """Sequences per micro-batch of a batch of `n` (this rank's rows of a step)."""
+        return min(n, self.micro_batch) if self.micro_batch else self.stage.optim.split_rows(n)
 
     @property
     def stage(self) -> StageConfig:

@@ -1,10 +1,11 @@
 """One training step on a batch of rollouts: the loss terms of the stage's method composed, backward, clip, and
 the optimiser step.
 
-`train_on_batch` makes `grpo.iterations` passes of `grad_accum` micro-batches over the batch, one optimiser step per
-pass. Each micro-batch's loss is the sum of the terms the method declares (`methods.METHODS`), each a function of
-`loss_terms.py` or the regularisers returning per-token losses, aggregated by `losses.micro_batch_aggregate` with
-its own batch-global denominator (so any `grad_accum` gives the same update):
+`train_on_batch` makes `grpo.iterations` passes of micro-batches over the batch (`optim.grad_accum` of them, or of
+`optim.micro_batch_size` sequences: `StageContext.micro_rows`), one optimiser step per pass. Each micro-batch's loss
+is the sum of the terms the method declares (`methods.METHODS`), each a function of `loss_terms.py` or the
+regularisers returning per-token losses, aggregated by `losses.micro_batch_aggregate` with its own batch-global
+denominator (so any split gives the same update):
 
     loss = kl_prev · KL(current ‖ previous stage)            regularizers.kl_prev, when > 0
          + policy_term                                        grpo, hybrid, srpo (its GRPO-routed rows)
@@ -23,12 +24,12 @@ Data-parallel ranks (`distributed.py`): each rank's batch is its share of the st
 is the whole batch's (summed over ranks), so the ranks' losses sum to the 1-process loss, and the gradients are summed
 before clipping (the L2/orthogonality term is added on rank 0 only). Logged statistics are the whole batch's.
 
-Memory: `grad_accum` bounds the rows n_mb of a micro-batch. The per-token quantities (log-probs, entropies, KL to
-the previous stage, the divergence to the teacher) come from `chunked_logits.token_terms`: with
-`optim.logits_chunk_size` (auto: 1024 on CUDA) only a chunk of positions' full-vocabulary logits exists at a time,
-forward and backward; off (the CPU default) the student's, the teacher's and the previous policy's logits are
-full [n_mb, R, V] float32. `optim.activation_checkpointing` (auto: on for CUDA) recomputes each decoder layer in
-backward during the step (`model.activation_checkpointing`).
+Memory: the split bounds the rows n_mb of a micro-batch (`micro_batch.py`: auto sizes it to the card). The
+per-token quantities (log-probs, entropies, KL to the previous stage, the divergence to the teacher) come from
+`chunked_logits.token_terms`: with `optim.logits_chunk_size` (auto: 1024 on CUDA) only a chunk of positions'
+full-vocabulary logits exists at a time, forward and backward; off (the CPU default) the student's, the teacher's
+and the previous policy's logits are full [n_mb, R, V] float32. `optim.activation_checkpointing` (auto: on for CUDA)
+recomputes each decoder layer in backward during the step (`model.activation_checkpointing`).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def train_on_batch(
         return {"loss": 0.0, "grad_norm": 0.0, "nonfinite_step": 0.0, "skipped_step": 1.0}
     temperature = stage.rollout.temperature
     n = batch.input_ids.shape[0]
-    micro = math.ceil(n / stage.optim.grad_accum)
+    micro = ctx.micro_rows(n)  # optim.micro_batch_size or grad_accum's split
     total_tokens = _global_count(batch.response_mask, "token_mean").clamp(min=1.0)
     device = next(model.parameters()).device
     chunk = resolve_logits_chunk_size(stage.optim.logits_chunk_size, device)

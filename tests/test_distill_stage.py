@@ -148,21 +148,25 @@ def test_identical_teacher_prompt_and_stage_start_teacher_give_zero_divergence(t
     ],
 )
 def test_grad_accumulation_gives_the_same_distillation_update(tmp_path, method, distill):
+    """One step of 1, 4 micro-batches, and of micro-batches of a set size (3 + 3 + 2 of sdpo's 8 rows, 1 + 1 of sdft's
+    2: what `optim.micro_batch_size` or its auto choice sets, `StageContext.micro_batch`)."""
     states = []
-    for accum in (1, 4):
+    for split in ({"grad_accum": 1}, {"grad_accum": 4}, {"micro_batch": 3 if method == "sdpo" else 1}):
         domain = ToyDomain("rare" if not distill else "even")
-        ctx = stage_context(
-            tmp_path / str(accum), method, domain, distill=distill, optim={"steps": 1, "grad_accum": accum}
-        )
+        name = "-".join(f"{k}{v}" for k, v in split.items())
+        optim = {"steps": 1, "grad_accum": split.get("grad_accum", 1)}
+        ctx = stage_context(tmp_path / name, method, domain, distill=distill, optim=optim)
+        ctx.micro_batch = split.get("micro_batch")
         run_stage(ctx)
         states.append(student_state(ctx))
         if not distill:
             assert ctx.stage.distill.aggregation == "seq_mean_token_mean_all"
             assert 0.0 < metrics(ctx)[0]["teacher_target_frac"] < 1.0  # some rows count 0 in the denominator
-    one, four = states
+    one = states[0]
     assert any(v.abs().max() > 0 for k, v in one.items() if "lora_B" in k)
-    for k in one:  # micro-batches share prompt prefixes differently, so rounding differs far below the 5e-3 step
-        torch.testing.assert_close(one[k], four[k], rtol=1e-4, atol=1e-5)
+    for other in states[1:]:
+        for k in one:  # micro-batches share prompt prefixes differently, so rounding differs far below the 5e-3 step
+            torch.testing.assert_close(one[k], other[k], rtol=1e-4, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------ end to end through run_recipe

@@ -266,6 +266,94 @@ def test_sampled_logprobs_match_the_trainers_recomputation(tiny):
     assert [[c.token_ids for c in g] for g in again] == [[c.token_ids for c in g] for g in groups]
 
 
+@pytest.mark.vllm
+def test_each_sampled_row_is_its_own_draw_from_its_rows_seed(tiny):
+    """Rows are sampled one request each with `row_seed` of their global row (tests/test_rollout_seeds.py): a row
+    alone gives the same draw as inside its group, and the next step's seed gives every row a new draw (with the
+    former seed + row, the next step's row j repeated this step's row j + 1)."""
+    model, tok, engine = tiny
+    prompt = encode(tok, TEXTS[:1])
+    sample = lambda seed, n, first_row=0: [  # noqa: E731
+        c.token_ids for c in engine.generate(prompt, ["x"], SamplingParams(16, n=n, seed=seed, first_row=first_row))[0]
+    ]
+    step = sample(11, 4)
+    assert len({tuple(t) for t in step}) == 4  # four different draws
+    assert [sample(11, 1, first_row=j)[0] for j in range(4)] == step
+    following = sample(12, 4)
+    assert not {tuple(t) for t in following} & {tuple(t) for t in step}
+
+
+class FakeLLM:
+    """Stands in for `vllm.LLM`: keeps its kwargs and says what it was asked to do."""
+
+    calls: list = []
+
+    def __init__(self, **kwargs):
+        self.kwargs = kwargs
+        self.llm_engine = SimpleNamespace(add_lora=lambda request: None, remove_lora=lambda lora_id: None)
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self):
+        self.calls.append("wake_up")
+
+    def generate(self, prompts, sampling, lora_request=None, use_tqdm=False):
+        self.calls.append("generate")
+        sample = SimpleNamespace(index=0, token_ids=[5], logprobs=None)
+        return [SimpleNamespace(outputs=[sample]) for _ in prompts]
+
+
+@pytest.mark.vllm
+def test_on_cuda_the_auto_share_is_the_plans_for_this_card(tmp_path, monkeypatch):
+    """gpu_memory_utilization auto reaches vLLM as memory_plan's share of the card: at the tiny shape vLLM's needs are
+    its 1.5 GiB runtime and a few MiB, ceil(100 x 1.50x / 24) / 100 = 0.07 of a 24 GiB card."""
+    import vllm
+
+    import adaptercl.rollout.vllm as vllm_engine
+    from adaptercl.model_shapes import shape_from_config
+    from adaptercl.vllm_memory import vllm_utilization
+
+    recipe = resolve_recipe(raw_recipe(tmp_path, rollout={"engine": "vllm", "gpu_memory_utilization": "auto"}))
+    base = load_base(ModelConfig(name="tiny-random"), "none")  # on the CPU, before CUDA is faked
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(vllm_engine, "card_gib", lambda device: 24.0)
+    engine = vllm_engine.VLLMEngine.from_recipe(recipe, base, base.model)
+    try:
+        share = engine.llm.kwargs["gpu_memory_utilization"]
+    finally:
+        engine.close()
+    assert share == 0.07 == vllm_utilization(shape_from_config(base.model.config.to_dict(), "tiny"), recipe, 24.0)
+    assert "claims 0.07 of the 24.0 GiB card (auto: the plan's share)" in engine.description
+
+
+@pytest.mark.vllm
+def test_sleep_frees_the_card_for_the_step_and_waking_empties_the_trainers_cache_first(monkeypatch):
+    """Level 1 around the optimiser step; before vLLM maps its memory again the trainer's cached blocks go back to
+    the driver (torch.cuda.empty_cache), as TRL does before wake_up; a rollout wakes the engine itself."""
+    import vllm
+
+    from adaptercl.rollout.vllm import VLLMEngine
+
+    calls = FakeLLM.calls = []
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    base = load_base(ModelConfig(name="tiny-random"), "none")
+    engine = VLLMEngine(base.model, base.tokenizer, base.path, max_lora_rank=8)
+    try:
+        engine.sleep()
+        assert calls == []  # no sleep mode on CPU: a no-op
+        engine.sleep_supported = True  # as on CUDA with enable_sleep_mode
+        engine.sleep()
+        engine.sleep()  # asleep already
+        engine.generate([[1, 2]], None, SamplingParams(max_new_tokens=1, greedy=True))
+    finally:
+        engine.close()
+    assert calls == [("sleep", 1), "empty_cache", "wake_up", "generate"]
+
+
 def expected_bitsandbytes_provider() -> str:
     """vLLM <= 0.27 has bitsandbytes built in; from 0.28 only the vllm-bnb-plugin package provides it."""
     import vllm

@@ -5,6 +5,11 @@ CPU reference and always exactly on-policy), `vllm` (multi-LoRA serving in this 
 and `vllm_server` (a running vLLM OpenAI-compatible server on other GPUs or hosts; `adaptercl.rollout.vllm_server`).
 `adaptercl.run.Engines` builds the recipe's one. A server that cannot be reached or fails is a
 `RolloutServerError`, which the CLI prints as one line.
+
+Seeds: every engine derives the seed of a row (the global index of one sampled response among a call's rows,
+prompt-major, `SamplingParams.first_row` + offset) from the call's seed with `row_seed`, the one home of that
+derivation: the hf engine seeds each generate batch with its first row's, the vLLM engines sample every row with its
+own (one request per row).
 """
 
 from __future__ import annotations
@@ -47,6 +52,33 @@ class Completion:
             finish_reason="stop" if tokens and tokens[-1] in stop_ids else "length",
             logprobs=logprobs,
         )
+
+
+ROW_SEED_STRIDE = 1_000_003  # a prime, far above the rows of any step and the steps of any stage
+SEED_MODULUS = 2**63 - 1  # seeds stay non-negative int64 values (torch.manual_seed, vLLM's per-request generator)
+
+
+def row_seed(seed: int, row: int) -> int:
+    """The seed of row `row` of a call seeded `seed`: seed + row x 1,000,003 (row 0 keeps the call's seed).
+
+    A stage's call seeds (`stage_context.step_seed`) are consecutive integers below 2^31 - 1, one per step, so two
+    (step, row) pairs share a seed only when their steps' seeds differ by a multiple of the stride: never within a
+    stage of fewer than 477,206 steps (2^31 - 1 = 477,206 mod 1,000,003 bounds a wrap-around) with fewer than
+    2^32 rows a step. The earlier vLLM derivation, seed + row, gave row r + 1 of step s the seed of row r of step
+    s + 1 (adjacent steps reused all but one of their seeds).
+    """
+    return (seed + row * ROW_SEED_STRIDE) % SEED_MODULUS
+
+
+def row_requests(prompts: list[list[int]], params: SamplingParams) -> list[tuple[list[int], int]]:
+    """(prompt, seed) of every sampled row, prompt-major: sample j of prompt i is row `first_row` + i*n + j of the
+    call, seeded `row_seed` of it. The vLLM engines send one request per row (n = 1), because a request of n samples
+    would give sample j its seed + j (vLLM's parallel sampling), not its row's."""
+    return [
+        (list(p), row_seed(params.seed, params.first_row + i * params.n + j))
+        for i, p in enumerate(prompts)
+        for j in range(params.n)
+    ]
 
 
 class RolloutServerError(RuntimeError):

@@ -10,8 +10,9 @@ on this rank's device (cuda:LOCAL_RANK).
   form tensor-parallel groups whose engines shard one base over their t GPUs and must run identical requests, so
   each rank gathers its group's prompts (with their seeds), every member generates them all and keeps its own share.
 - The engine seed is `recipe.seed + rank // t` (TRL: `rank // t`, the same within a tensor-parallel group); every
-  request carries its own seed anyway, the global index of its row (`SamplingParams.first_row`), so an N-rank step
-  samples each row as one process would (up to the numerics of a different batch).
+  request is one row carrying its own seed anyway, that of its row's global index (`SamplingParams.first_row`,
+  `rollout.row_seed`), so an N-rank step samples each row as one process would (up to the numerics of a different
+  batch).
 - Adapters: every rank holds the same weights after each step, so each rank writes the same adapter versions to its
   own scratch folder (a per-rank temporary directory, never the run directory, which rank 0 alone writes) and
   registers them with its own engine; within a group the versions get the same names and ids (the same sequence of

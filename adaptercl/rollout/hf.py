@@ -7,9 +7,10 @@ logits / temperature, the trainer's definition) are computed on request by one n
 because transformers' `output_logits` would keep a [batch, vocab] tensor per generated token. While decoding, the
 active LoRA adapters are folded into float32 base weights (`folded_lora`); logprobs are computed unfolded.
 
-Seeding: each generate batch of `batch_size` rows is seeded from (`params.seed`, the global index of its first row,
-`params.first_row` + offset; `batch_seed`), so a data-parallel rank whose share is a whole number of batches samples
-exactly the rows one process would (transformers' sampling draws from one global RNG for the whole batch).
+Seeding: each generate batch of `batch_size` rows is seeded with the seed of its first row (`rollout.row_seed` of
+`params.seed` and the global row index `params.first_row` + offset), so a data-parallel rank whose share is a whole
+number of batches samples exactly the rows one process would (transformers' sampling draws from one global RNG for
+the whole batch).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 from adaptercl.adapters import active_adapters
 from adaptercl.batching import response_logprobs
 from adaptercl.prefix_sharing import prefill, prefix_layout
-from adaptercl.rollout import Completion, SamplingParams
+from adaptercl.rollout import Completion, SamplingParams, row_seed
 from adaptercl.rollout.folded_lora import folded_lora
 
 
@@ -62,7 +63,7 @@ class HFEngine:
             with active_adapters(self.model, adapters):
                 with folded_lora(self.model) if self.fold_lora else contextlib.nullcontext():
                     for start in range(0, len(expanded), self.batch_size):
-                        torch.manual_seed(batch_seed(params.seed, params.first_row + start))
+                        torch.manual_seed(row_seed(params.seed, params.first_row + start))
                         out.extend(self._generate_batch(expanded[start : start + self.batch_size], params))
                 if params.logprobs:
                     pad_id = self.tokenizer.pad_token_id
@@ -133,11 +134,6 @@ def _prompt_inputs(
         input_ids[i, width - len(p) :] = torch.tensor(p)
         attention[i, width - len(p) :] = 1
     return input_ids.to(device), attention.to(device), None
-
-
-def batch_seed(seed: int, first_row: int) -> int:
-    """The seed of the generate batch starting at row `first_row` of a call (`params.seed` for the first)."""
-    return seed if first_row == 0 else (seed + first_row * 1_000_003) % (2**63 - 1)
 
 
 def stop_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:

@@ -29,10 +29,14 @@ The 4-bit base (docs/design.md §6):
 Logprobs: `SamplingParams.logprobs` returns each sampled token's logprob under logits / temperature
 (`logprobs_mode="processed_logprobs"`), the trainer's definition. Two departures, both outside the defaults:
 with `top_p < 1` they are the nucleus-renormalised sampling probabilities (the true behaviour policy), and
-greedy logprobs are at temperature 1. Prompt i's samples use seeds `params.seed + params.first_row + i*n + j`
-(the global row index: the same rows under N data-parallel ranks as in one process).
+greedy logprobs are at temperature 1. Each sampled row is its own request (n = 1) seeded `row_seed(params.seed,
+params.first_row + i*n + j)` for sample j of prompt i (the global row index: the same rows under N data-parallel
+ranks as in one process, and no seed shared with another step's row; one request of n samples would give sample j
+the request's seed + j, vLLM's parallel sampling). vLLM fans an n-sample request out into n requests anyway, and its
+prefix cache shares their prompt the same way.
 
-Engine settings come from the recipe's rollout block (the same in every stage): `gpu_memory_utilization`,
+Engine settings come from the recipe's rollout block (the same in every stage): `gpu_memory_utilization` (auto:
+the memory plan's share of this card, `vllm_memory.vllm_utilization`),
 `enable_sleep_mode`, `max_loras` (GPU adapter slots; each request carries one combined adapter, so 2 cover the
 policy plus one other combination), `max_lora_rank` (default: the largest combined rank the recipe can need,
 rounded up to a rank vLLM accepts), `max_model_len`, `tensor_parallel_size` (GPUs the base is sharded over). Under N
@@ -58,11 +62,14 @@ from transformers import PreTrainedTokenizerBase
 from adaptercl import distributed
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.continual import max_served_rank
+from adaptercl.micro_batch import card_gib
 from adaptercl.model import servable_base_path
-from adaptercl.rollout import Completion, SamplingParams
+from adaptercl.model_shapes import shape_from_config
+from adaptercl.rollout import Completion, SamplingParams, row_requests
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.colocate import launcher_kwargs, tensor_parallel_group
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
+from adaptercl.vllm_memory import vllm_utilization
 from adaptercl.vllm_settings import (  # noqa: F401 - INSTALL_HINT re-exported for callers of this module
     BNB_PLUGIN_HINT,
     CPU_KV_CACHE_BYTES,
@@ -207,6 +214,11 @@ class VLLMEngine:
                 )
             quantization = "bitsandbytes"
         max_loras = rollout.max_loras or 2
+        utilization = rollout.gpu_memory_utilization
+        card = card_gib(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available() else None
+        if utilization == "auto":  # the plan's share on this card (unused without CUDA)
+            shape = shape_from_config(base.model.config.to_dict(), f"{base.path}/config.json")
+            utilization = vllm_utilization(shape, recipe, card) if card is not None else 0.3
         engine = cls(
             model,
             base.tokenizer,
@@ -217,12 +229,15 @@ class VLLMEngine:
             max_loras=max_loras,
             max_cpu_loras=max(max_loras, len(recipe.stages) + 2),
             max_lora_rank=rollout.max_lora_rank or max_served_rank(recipe),
-            gpu_memory_utilization=rollout.gpu_memory_utilization,
+            gpu_memory_utilization=utilization,
             enable_sleep_mode=rollout.enable_sleep_mode,
             max_model_len=rollout.max_model_len,
             tensor_parallel_size=rollout.tensor_parallel_size,
             seed=recipe.seed,
         )
+        if card is not None:
+            auto = " (auto: the plan's share)" if rollout.gpu_memory_utilization == "auto" else ""
+            engine.description += f"; claims {utilization:g} of the {card:.1f} GiB card{auto}"
         if mismatch is not None:
             engine.description += f"; {mismatch}"
         return engine
@@ -240,8 +255,7 @@ class VLLMEngine:
 
         self.wake()
         request = self.prepare(adapters)
-        # prompt i's seed is its global row's (vLLM gives sample j of the request seed + j)
-        requests = [(list(p), params.seed + params.first_row + i * params.n) for i, p in enumerate(prompts)]
+        requests = row_requests(prompts, params)  # one per sampled row, with its row's seed
         mine = slice(0, len(requests))
         if self.tp_group is not None:  # the group's engines run the same requests; this rank keeps its own
             requests, mine = self.tp_group.gather(requests)
@@ -249,7 +263,7 @@ class VLLMEngine:
             return []
         sampling = [
             VllmSamplingParams(
-                n=params.n,
+                n=1,
                 max_tokens=params.max_new_tokens,
                 temperature=0.0 if params.greedy else params.temperature,
                 top_p=1.0 if params.greedy else params.top_p,
@@ -266,17 +280,15 @@ class VLLMEngine:
         outputs = self.llm.generate(
             [{"prompt_token_ids": p} for p, _ in requests], sampling, lora_request=request, use_tqdm=False
         )[mine]
-        result = []
-        for prompt, out in zip(prompts, outputs):
-            group = []
-            for sample in sorted(out.outputs, key=lambda s: s.index):
-                tokens = list(sample.token_ids)
-                logprobs = None
-                if params.logprobs:
-                    logprobs = [step[t].logprob for step, t in zip(sample.logprobs, tokens)]
-                group.append(Completion.from_tokens(prompt, tokens, self.tokenizer, self.stop_ids, logprobs))
-            result.append(group)
-        return result
+        rows = []
+        for (prompt, _), out in zip(requests[mine], outputs):
+            (sample,) = out.outputs
+            tokens = list(sample.token_ids)
+            logprobs = None
+            if params.logprobs:
+                logprobs = [step[t].logprob for step, t in zip(sample.logprobs, tokens)]
+            rows.append(Completion.from_tokens(prompt, tokens, self.tokenizer, self.stop_ids, logprobs))
+        return [rows[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     # ---- adapters in the engine
 
@@ -307,14 +319,18 @@ class VLLMEngine:
     # ---- memory around the optimiser step
 
     def sleep(self) -> None:
-        """Free the engine's GPU memory (weights offloaded to CPU, KV cache dropped); no-op without sleep mode."""
+        """Free the engine's GPU memory (level 1: weights offloaded to CPU RAM, KV cache dropped; what stays on the
+        card is `vllm_memory.VLLM_ASLEEP_GIB`); no-op without sleep mode."""
         if self.sleep_supported and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
 
     def wake(self) -> None:
-        """Undo `sleep` (`generate` calls it itself)."""
+        """Undo `sleep` (`generate` calls it itself). The trainer's cached blocks go back to the driver first, where
+        vLLM maps its weights and KV cache again (TRL empties the cache before `wake_up` too: "required to avoid
+        OOM in some cases", trl/generation/vllm_generation.py)."""
         if self.asleep:
+            torch.cuda.empty_cache()
             self.llm.wake_up()
             self.asleep = False
 

@@ -22,12 +22,13 @@ weights or prefix-cache blocks of an earlier version are reused); the version it
 with the default adapter_dir (inside the run directory, owned by the run) a restarted run first unloads what an
 earlier engine of the run left on the server (it was killed, or failed) and deletes its folders.
 
-Requests: one `POST /v1/completions` per prompt (its group of n samples), sent concurrently; the prompt goes as
-token ids and `return_token_ids` brings the sampled ids back, so the trainer's tokenizer alone encodes and decodes.
-Sampling is the hf engine's (temperature, top_p, top_k off, no penalties, its stop token ids; greedy =
-temperature 0) and prompt i's request has seed `params.seed + params.first_row + i*n` (its global row index), as in the
-in-process engine (vLLM gives sample j seed + j). With `params.logprobs`, `logprobs: 0` returns each sampled token's
-logprob.
+Requests: one `POST /v1/completions` per sampled row (n = 1; a group of n samples is n requests), sent
+concurrently; the prompt goes as token ids and `return_token_ids` brings the sampled ids back, so the trainer's
+tokenizer alone encodes and decodes. Sampling is the hf engine's (temperature, top_p, top_k off, no penalties, its
+stop token ids; greedy = temperature 0) and each row's request has its row's seed (`rollout.row_requests`: the global
+row index through `row_seed`), as in the in-process engine; one request of n samples would give sample j the
+request's seed + j, which another step's row has too. With `params.logprobs`, `logprobs: 0` returns each sampled
+token's logprob.
 
 Under N data-parallel ranks (`distributed.py`) the ranks share the server: rank 0 alone writes and loads each adapter
 version (and unloads the one it replaces once every rank has finished its requests: a barrier first) and broadcasts
@@ -58,7 +59,7 @@ from transformers import PreTrainedTokenizerBase
 
 from adaptercl import distributed
 from adaptercl.config import RecipeConfig, RecipeError, RolloutServerConfig
-from adaptercl.rollout import Completion, RolloutServerError, SamplingParams
+from adaptercl.rollout import Completion, RolloutServerError, SamplingParams, row_requests
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
 
@@ -134,11 +135,12 @@ class VLLMServerEngine:
         self, prompts: list[list[int]], adapters: list[str] | None, params: SamplingParams
     ) -> list[list[Completion]]:
         model_name = self._model_name(adapters)
-        first = params.seed + params.first_row  # prompt i's seed is its global row's
-        bodies = [self._completion_body(model_name, p, params, first + i * params.n) for i, p in enumerate(prompts)]
+        requests = row_requests(prompts, params)  # one per sampled row, with its row's seed
+        bodies = [self._completion_body(model_name, p, params, seed) for p, seed in requests]
         with ThreadPoolExecutor(max_workers=max(1, min(MAX_IN_FLIGHT, len(bodies)))) as pool:
             answers = list(pool.map(lambda body: self._request("POST", "/v1/completions", body), bodies))
-        return [self._group(prompt, answer, params) for prompt, answer in zip(prompts, answers)]
+        rows = [self._completion(p, answer, params) for (p, _), answer in zip(requests, answers)]
+        return [rows[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
     def sleep(self) -> None:
         """Nothing to free here: the server's memory is its own."""
@@ -173,7 +175,7 @@ class VLLMServerEngine:
         return {
             "model": model,
             "prompt": list(prompt),
-            "n": params.n,
+            "n": 1,
             "max_tokens": params.max_new_tokens,
             "temperature": 0.0 if params.greedy else params.temperature,
             "top_p": 1.0 if params.greedy else params.top_p,
@@ -188,22 +190,21 @@ class VLLMServerEngine:
             "return_token_ids": True,
         }
 
-    def _group(self, prompt: list[int], answer: dict[str, Any], params: SamplingParams) -> list[Completion]:
-        group = []
-        for choice in sorted(answer["choices"], key=lambda c: c["index"]):
-            tokens = list(choice["token_ids"])
-            logprobs = None
-            if params.logprobs:
-                logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
-                if len(logprobs) != len(tokens):
-                    raise RolloutServerError(
-                        f"rollout server {self.url}: {len(logprobs)} logprobs for {len(tokens)} tokens in a "
-                        "completion; is it a vLLM server?"
-                    )
-            group.append(Completion.from_tokens(prompt, tokens, self.tokenizer, self.stop_ids, logprobs))
-        if len(group) != params.n:
-            raise RolloutServerError(f"rollout server {self.url}: {len(group)} completions for n={params.n}")
-        return group
+    def _completion(self, prompt: list[int], answer: dict[str, Any], params: SamplingParams) -> Completion:
+        """The one sample of a row's answer."""
+        if len(answer["choices"]) != 1:
+            raise RolloutServerError(f"rollout server {self.url}: {len(answer['choices'])} completions for n=1")
+        (choice,) = answer["choices"]
+        tokens = list(choice["token_ids"])
+        logprobs = None
+        if params.logprobs:
+            logprobs = [float(x) for x in choice["logprobs"]["token_logprobs"]]
+            if len(logprobs) != len(tokens):
+                raise RolloutServerError(
+                    f"rollout server {self.url}: {len(logprobs)} logprobs for {len(tokens)} tokens in a "
+                    "completion; is it a vLLM server?"
+                )
+        return Completion.from_tokens(prompt, tokens, self.tokenizer, self.stop_ids, logprobs)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """The JSON (or text) answer of one request, retried on connection errors, timeouts and 5xx answers."""

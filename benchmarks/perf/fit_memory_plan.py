@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 import adaptercl.memory_plan as mp
+from adaptercl.model_shapes import SHAPES
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cuda_7b_memory.json"
 SUPPORT = {"grpo": "none", "hybrid": "sampled", "sdpo": "topk", "sdft": "full"}  # the shipped recipes' supports
@@ -42,7 +43,7 @@ def measured() -> list[tuple[str, mp.TrainWorkload, float]]:
 
 def features(workload: mp.TrainWorkload) -> tuple[float, list[float]]:
     """(known bytes, coefficient of each free constant) for one workload: train_terms is linear in them."""
-    shape = mp.SHAPES["qwen/qwen2.5-7b"]
+    shape = SHAPES["qwen/qwen2.5-7b"]
     names = ["C_ACT", "chunked", "full", "sampled", "topk", "tfull", "C0"]
     saved = (mp.C_ACT, dict(mp.STUDENT_LOGIT_COPIES), dict(mp.TEACHER_LOGIT_COPIES), mp.C0_GIB)
 
