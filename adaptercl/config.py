@@ -1,13 +1,14 @@
 """The recipe grammar: typed, documented per field, validated before anything heavy loads.
 
 A recipe is one YAML file describing a whole continual sequence. Recipe-level blocks (`lora`, `rollout`, `optim`,
-`grpo`, `distill`, `hybrid`, `regularizers`) are defaults; each stage may override any field of them, and
+`grpo`, `distill`, `hybrid`, `srpo`, `regularizers`) are defaults; each stage may override any field of them, and
 `resolve_recipe` deep-merges the defaults into every stage so a resolved `StageConfig` is complete on its own.
 Method-dependent defaults and constraints (teacher kind and EMA rate, divergence α, skipped tokens, allowed
-teachers) come from the method table `methods.METHODS` and are filled in one place,
-`StageConfig._fill_method_defaults`. The method blocks (`grpo`, `distill`, `hybrid`, `regularizers`, `monitor`) are
-defined in `method_config.py`, the `domains:` block in `domain_config.py`, the `eval:` block in `eval_config.py`,
-the `rollout:` block in `rollout_config.py`, `report_to` and the `log:` block in `log_config.py`.
+teachers, srpo's learning rate and token-mean aggregations) come from the method table `methods.METHODS` and are
+filled in one place, `StageConfig._fill_method_defaults`. The method blocks (`grpo`, `distill`, `hybrid`, `srpo`,
+`regularizers`, `monitor`) are defined in `method_config.py`, the `domains:` block in `domain_config.py`, the `eval:`
+block in `eval_config.py`, the `rollout:` block in `rollout_config.py`, `report_to` and the `log:` block in
+`log_config.py`.
 
 This module imports no torch: `adaptercl recipe validate` answers in well under a second. Errors are raised as
 `RecipeError` with one line naming the field path (stages are named by their `name`, not their index) and what
@@ -33,6 +34,7 @@ from adaptercl.method_config import (  # re-exported: a recipe's blocks are impo
     HybridConfig,
     MonitorConfig,
     RegularizerConfig,
+    SrpoConfig,
     Support,
     TeacherConfig,
     TeacherKind,
@@ -62,6 +64,7 @@ __all__ = [
     "RegularizerConfig",
     "RolloutConfig",
     "RolloutServerConfig",
+    "SrpoConfig",
     "StageConfig",
     "Support",
     "TeacherConfig",
@@ -105,7 +108,12 @@ class LoraConfig(_Block):
 
 
 class OptimConfig(_Block):
-    lr: float = Field(1e-5, gt=0.0, description="AdamW learning rate of the LoRA parameters.")
+    lr: float = Field(
+        1e-5,
+        gt=0.0,
+        description="AdamW learning rate of the LoRA parameters. A stage that does not set it gets its method's "
+        "default: 5e-6 for srpo (the SRPO paper's, Table 3), 1e-5 for the others.",
+    )
     steps: int = Field(100, ge=1, description="Optimiser steps in the stage (a stage's `steps:` sets this).")
     prompts_per_step: int = Field(4, ge=1, description="Distinct prompts per step; samples = prompts x group_size.")
     grad_accum: int = Field(
@@ -198,6 +206,7 @@ class StageConfig(_Block):
     grpo: GrpoConfig = Field(default_factory=GrpoConfig)
     distill: DistillConfig = Field(default_factory=DistillConfig)
     hybrid: HybridConfig = Field(default_factory=HybridConfig)
+    srpo: SrpoConfig = Field(default_factory=SrpoConfig)
     regularizers: RegularizerConfig = Field(default_factory=RegularizerConfig)
     monitor: MonitorConfig = Field(default_factory=MonitorConfig)
 
@@ -232,6 +241,15 @@ class StageConfig(_Block):
             self.distill.topk = spec.topk
         if self.distill.aggregation is None:
             self.distill.aggregation = spec.distill_aggregation
+        if spec.lr is not None and "lr" not in self.optim.model_fields_set:
+            self.optim.lr = spec.lr
+        if spec.sample_routed:
+            for block, aggregation in (("grpo", self.grpo.aggregation), ("distill", self.distill.aggregation)):
+                if aggregation != "token_mean":
+                    raise ValueError(
+                        f"{self.method} divides both of its terms by one shared token count: set "
+                        f"{block}.aggregation to token_mean (got {aggregation!r})"
+                    )
         if self.distill.support == "sampled" and self.distill.alpha != 1.0:
             raise ValueError("distill.support 'sampled' is reverse KL only: set distill.alpha to 1.0")
         if spec.teacher_kinds is not None and teacher.kind not in spec.teacher_kinds:
@@ -320,7 +338,7 @@ class RecipeConfig(_Block):
         return self.eval.max_new_tokens or self.stages[0].rollout.max_new_tokens
 
 
-STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid", "regularizers", "monitor")
+STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid", "srpo", "regularizers", "monitor")
 
 
 def _check_refresh_schedule(teacher: TeacherConfig, steps: int) -> None:

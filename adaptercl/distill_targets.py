@@ -1,5 +1,5 @@
-"""The distillation inputs of one step: teacher prompts (SDPO reprompts, SDFT demonstrations or the hybrid's
-sparse choice) on the very same sampled responses, and the token mask that gets a distillation loss."""
+"""The distillation inputs of one step: teacher prompts (SDPO reprompts, SDFT demonstrations, the hybrid's sparse
+choice or SRPO's routing) on the very same sampled responses, and the token mask that gets a distillation loss."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from adaptercl.hybrid import rollout_entropy, top_entropy_mask
 from adaptercl.methods import METHODS
 from adaptercl.rollout import Completion
 from adaptercl.stage_context import StageContext, step_seed
+from adaptercl.teacher_prompts import srpo_route_stats
 
 
 @dataclass
@@ -23,7 +24,7 @@ class DistillTargets:
     teacher_batch: TokenBatch  # [N, P_T+R]: teacher prompts, then the very same response tokens
     mask: torch.Tensor  # [N, R] float: response tokens that get a distillation loss
     stats: dict[str, float]
-    has_target: list[bool]  # [N] whether the sample has a teacher context (rollout_samples.py keeps it)
+    has_target: list[bool]  # [N] whether the sample has a teacher context (rollout_samples.py keeps it; srpo: z^S)
 
     def to(self, device: torch.device) -> DistillTargets:
         return DistillTargets(self.teacher_batch.to(device), self.mask.to(device), self.stats, self.has_target)
@@ -73,4 +74,7 @@ def distill_targets(
         **teacher_prompts.stats(),
         "distill_token_frac": (mask.sum() / batch.response_mask.sum().clamp(min=1.0)).item(),
     }
+    if spec.sample_routed:  # srpo: a sample has a teacher target exactly when it is routed to SDPO
+        group = stage.rollout.group_size
+        stats.update(srpo_route_stats(teacher_prompts.succeeded, teacher_prompts.has_target, group))
     return DistillTargets(teacher_batch, mask, stats, teacher_prompts.has_target)

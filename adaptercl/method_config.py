@@ -1,5 +1,5 @@
-"""The method blocks of the recipe grammar: `grpo`, `distill` (with its `teacher`), `hybrid`, `regularizers` and
-`monitor`, each field typed and documented, plus the reference prompt strings. Method-dependent defaults live in
+"""The method blocks of the recipe grammar: `grpo`, `distill` (with its `teacher`), `hybrid`, `srpo`, `regularizers`
+and `monitor`, each field typed and documented, plus the reference prompt strings. Method-dependent defaults live in
 the method table (`methods.METHODS`); `config.py` assembles the blocks into stages and recipes. No torch import."""
 
 from __future__ import annotations
@@ -156,6 +156,20 @@ class HybridConfig(ConfigBlock):
     )
     entropy_top_q: float = Field(
         0.2, gt=0.0, le=1.0, description="`high_entropy`: fraction of the batch's response tokens distilled."
+    )
+
+
+class SrpoConfig(ConfigBlock):
+    """SRPO (Sample-Routed Policy Optimization, arXiv 2604.02288; `srpo.py`): what it adds to the `grpo` and `distill`
+    blocks. Its other paper defaults (Table 3) are the method's defaults there: EMA teacher rate 0.05, top-100 + tail
+    JSD with alpha 0.5, importance-weight cap 2 (distill), clip-high 0.28 (grpo), lr 5e-6 (optim)."""
+
+    entropy_beta: float = Field(
+        1.0,
+        ge=0.0,
+        description="DW-SDPO: each SDPO-routed token's distillation loss is weighted by exp(-beta x H), H the "
+        "teacher's entropy (nats, full vocabulary) at that token, normalised to mean 1 over the batch's SDPO tokens. "
+        "1.0 is the paper's; 0 gives every token weight 1.",
     )
 
 

@@ -1,11 +1,12 @@
 """The training methods, one row each in `METHODS`: which loss terms a method's step adds, whether it needs a
 self-teacher and how that teacher's prompts are built, and the method's defaults and constraints.
 
-Everything that differs between grpo, sdpo, sdft and hybrid is declared here, so adding a method is one row (and its
-teacher-prompt builder): the recipe grammar reads the defaults and constraints (`config.StageConfig`), the run
+Everything that differs between grpo, sdpo, sdft, hybrid and srpo is declared here, so adding a method is one row (and
+its teacher-prompt builder): the recipe grammar reads the defaults and constraints (`config.StageConfig`), the run
 creates a teacher when `needs_teacher`, `distill_targets` calls `teacher_prompts`, and the training step adds the
-policy term when `policy_term` and the distillation term with weight `distill_weight(stage.hybrid)`. Nothing else
-compares a method's name. No torch import (the grammar uses this table).
+policy term when `policy_term` and the distillation term with weight `distill_weight(stage.hybrid)`, each on the rows
+of its route when `sample_routed`. Nothing else compares a method's name. No torch import (the grammar uses this
+table).
 
 | method | policy term (clipped GRPO) | distillation term     | default teacher | α   | τ    | skipped | support   |
 |--------|----------------------------|-----------------------|-----------------|-----|------|---------|-----------|
@@ -13,6 +14,7 @@ compares a method's name. No torch import (the grammar uses this table).
 | sdpo   | no (as the released code)  | weight 1              | ema             | 0.5 | 0.05 | 0       | top-100   |
 | sdft   | no                         | weight 1              | ema             | 0   | 0.01 | 3       | full      |
 | hybrid | yes                        | hybrid.distill_weight | stage_start     | 1   | 0.05 | 0       | top-100   |
+| srpo   | on GRPO-routed samples     | on SDPO-routed ones   | ema             | 0.5 | 0.05 | 0       | top-100   |
 
 (skipped: first response tokens without a distillation loss; top-100 has a tail bucket.) sdpo's α 0.5 / τ 0.05 /
 top-100 + tail and sdft's α 0 (forward KL) / τ 0.01 / 3 skipped tokens / full vocabulary are the reference codes'
@@ -21,6 +23,13 @@ method (`hybrid.py`). The default distillation aggregation of sdpo and sdft is t
 `seq_mean_token_mean_all` (a sample without a teacher target counts 0, so sparse targets give a smaller step); the
 hybrid's is `token_mean` over its distilled tokens, so λ weights the mean divergence whatever fraction of the batch
 is distilled.
+
+srpo (`srpo.py`, docs/design.md §4a) routes each sample to exactly one of the two terms: a wrong sample with a
+correct sibling to the distillation term (teacher shown that sibling), every other sample to the policy term, both
+divided by one shared token count (so both aggregations are `token_mean`), the distilled tokens weighted by the
+teacher's entropy (`srpo.entropy_beta`). Its defaults are the SRPO paper's (Table 3): EMA teacher τ 0.05, top-100 +
+tail JSD α 0.5, importance-weight cap 2, clip-high 0.28 and lr 5e-6, the one method whose default `optim.lr` is not
+1e-5 (`lr`).
 """
 
 from __future__ import annotations
@@ -35,9 +44,10 @@ from adaptercl.teacher_prompts import (
     hybrid_teacher_prompts,
     sdft_teacher_prompts,
     sdpo_teacher_prompts,
+    srpo_teacher_prompts,
 )
 
-Method = Literal["grpo", "sdpo", "sdft", "hybrid"]
+Method = Literal["grpo", "sdpo", "sdft", "hybrid", "srpo"]
 Messages = list[dict[str, str]]
 
 # (prompts [N], responses [N], succeeded [N] (`domains.is_success`), feedbacks [N], demonstrations [N], group size,
@@ -65,6 +75,10 @@ class MethodSpec:
     teacher_kinds: tuple[TeacherKind, ...] | None = None  # the teacher kinds allowed (None: any)
     one_sample_per_prompt: bool = False  # rollout.group_size must be 1
     sparse_token_selection: bool = False  # hybrid.distill_on chooses the distilled tokens (`hybrid.py`)
+    # Each sample gets one term: the policy term on the samples without a teacher target, the entropy-weighted
+    # distillation term on those with one, over one shared token denominator (`srpo.py`)
+    sample_routed: bool = False
+    lr: float | None = None  # default optim.lr when the stage does not set it (None: optim.lr's own default)
 
     @property
     def needs_teacher(self) -> bool:
@@ -84,6 +98,10 @@ def _hybrid(prompts, responses, succeeded, feedbacks, demonstrations, group_size
     return hybrid_teacher_prompts(
         prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, failed_groups_only
     )
+
+
+def _srpo(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
+    return srpo_teacher_prompts(prompts, responses, succeeded, group_size, distill)
 
 
 def _no_distillation(hybrid: HybridConfig) -> float:
@@ -147,6 +165,20 @@ METHODS: dict[str, MethodSpec] = {
         topk=100,
         teacher_kinds=("base", "stage_start", "trust_region"),  # a frozen or trust-region teacher
         sparse_token_selection=True,
+    ),
+    "srpo": MethodSpec(
+        policy_term=True,  # on the GRPO-routed samples only
+        teacher_prompts=_srpo,
+        distill_weight=_full_distillation,  # on the SDPO-routed samples only; no mixing coefficient
+        teacher_kind="ema",  # the paper's teacher: an EMA of the student at rate 0.05
+        tau=0.05,
+        alpha=0.5,
+        skip_first_tokens=0,
+        support="topk",  # the reference SDPO term: the student's top-100 tokens plus a tail bucket
+        topk=100,
+        distill_aggregation="token_mean",  # the shared token denominator (config.py refuses any other)
+        sample_routed=True,
+        lr=5e-6,  # SRPO paper Table 3 (GRPO 1e-6, SDPO 1e-5 there)
     ),
 }
 assert set(METHODS) == set(Method.__args__), "METHODS and the Method literal list the same methods"

@@ -7,6 +7,8 @@
   `SuccessfulRolloutTeacherContextBuilder` (same regex, same templates, `dont_reprompt_on_self_success=True`,
   `environment_feedback_only_without_solution=True`).
 - `sdft_teacher_prompts`: the SDFT demonstration prompt from the example's `demonstration` field.
+- `srpo_teacher_prompts`: SRPO's routing (`srpo_routes`, docs/design.md §4a): only a sample that failed and has a
+  successful sibling gets a context, SDPO's reprompt with that sibling; every other sample goes to GRPO.
 The teacher message keeps every message before the last user turn (system messages, earlier turns, as TRL
 does) and replaces that turn with the reprompt. A sample with no context keeps its own prompt and gets
 `has_target = False`: the stage gives it distillation mask 0 and logs the fraction.
@@ -172,4 +174,57 @@ def hybrid_teacher_prompts(
         reprompt = cfg.reprompt_template.format(prompt=question, solution=solution, feedback=feedback_text)
         shown = with_last_user_turn(prompts[i], reprompt)
         out.append(shown, True, sibling is not None, use_feedback, from_demonstration)
+    return out
+
+
+def srpo_routes(succeeded: list[bool], group_size: int) -> list[bool]:
+    """SRPO's route of N = P x G group-contiguous samples: z^S_i = (1 - c_i)·m_i, True for the SDPO term, False for
+    GRPO's. c_i = `succeeded[i]`; m_i = some *other* sample of i's group succeeded. So a success goes to GRPO (with or
+    without a successful sibling), a failure with a successful sibling to SDPO, a failure of an all-failed group to
+    GRPO (advantage 0 there)."""
+    if len(succeeded) % group_size:
+        raise ValueError(f"srpo_routes: {len(succeeded)} samples do not split into groups of {group_size}")
+    routes = []
+    for start in range(0, len(succeeded), group_size):
+        group = succeeded[start : start + group_size]
+        routes += [not c and sum(group) - c > 0 for c in group]
+    return routes
+
+
+def srpo_route_stats(succeeded: list[bool], routed: list[bool], group_size: int) -> dict[str, float]:
+    """The step's routing: the share of samples routed to SDPO and the share of groups with no success."""
+    groups = [succeeded[i : i + group_size] for i in range(0, len(succeeded), group_size)]
+    return {
+        "sdpo_route_frac": sum(routed) / max(1, len(routed)),
+        "all_wrong_group_frac": sum(not any(g) for g in groups) / max(1, len(groups)),
+    }
+
+
+def srpo_teacher_prompts(
+    prompts: list[list[dict[str, str]]],
+    responses: list[str],
+    succeeded: list[bool],
+    group_size: int,
+    cfg: DistillConfig,
+) -> TeacherPrompts:
+    """SRPO teacher prompts of N = P x G group-contiguous samples: a sample routed to SDPO (`srpo_routes`) gets
+    exactly SDPO's reprompt (`sdpo_teacher_prompts`: the first successful sibling, itself excluded); every other sample
+    keeps its own prompt and gets no target (it goes to GRPO). `succeeded` [N] is `domains.is_success` of each sample,
+    the one success decision SDPO's sibling choice also uses (for TRL-style rewards the domain's `correct_from`, the
+    accuracy matrix's): c_i of the route and the sibling shown are the same decision. No feedback: SRPO routes by
+    siblings only.
+
+    Wording: lasgroup/SDPO's reprompt strings (`distill.reprompt_template`, `solution_template`), not the SRPO paper's
+    "{question}\nCorrect solution:\n{sibling_response}\nCorrectly solve the original question.", which differs only
+    in blank lines as printed in the paper's text; the reference code's exact strings are the ones a run can be
+    compared with. A recipe can set the paper's through those two templates.
+    """
+    sdpo = sdpo_teacher_prompts(prompts, responses, succeeded, [None] * len(prompts), group_size, cfg)
+    routed = srpo_routes(sdpo.succeeded, group_size)
+    out = TeacherPrompts([], [], [], [], sdpo.succeeded)
+    for i, to_sdpo in enumerate(routed):
+        if to_sdpo:  # a failure with a successful sibling: SDPO showed it that sibling
+            out.append(sdpo.messages[i], has_target=True, used_solution=True)
+        else:
+            out.append(prompts[i], has_target=False)
     return out

@@ -8,15 +8,17 @@ regularisers returning per-token losses, aggregated by `losses.micro_batch_aggre
 denominator (so any split gives the same update):
 
     loss = kl_prev · KL(current ‖ previous stage)            regularizers.kl_prev, when > 0
-         + policy_term                                        grpo, hybrid
-         + distill_weight · distill_term                      sdpo, sdft (weight 1), hybrid (hybrid.distill_weight)
+         + policy_term                                        grpo, hybrid, srpo (its GRPO-routed rows)
+         + distill_weight · distill_term                      sdpo, sdft (weight 1), hybrid (hybrid.distill_weight),
+                                                              srpo (its SDPO-routed rows, entropy-weighted)
     then, once per pass: l2_prev · ‖ΔW − ΔW_0‖² + orthogonal · Σ‖A A_oldᵀ‖²
 
-sdpo and sdft have no policy term (the released SDPO code replaces the GRPO loss; advantages unused). A hybrid
-with λ = 0 logs its distillation term but does not add it (GRPO's update exactly). A distillation-only step with
-no distilled token (SDPO: no sibling succeeded and no feedback) has no gradient and makes no update. A pass whose
-gradient norm is NaN/inf makes no update either (`nonfinite_step` 1, as verl): the stage then leaves the teacher and
-the rollout engine as they are, and the collapse guard sees the non-finite `grad_norm`.
+srpo's two terms share one token denominator, and its teacher runs once per step before the micro-batches, on the
+SDPO-routed rows only (`srpo.routed_step`). sdpo and sdft have no policy term (the released SDPO code replaces the GRPO
+loss; advantages unused). A hybrid with λ = 0 logs its distillation term but does not add it (GRPO's update exactly). A
+distillation-only step with no distilled token (SDPO: no sibling succeeded and no feedback) has no gradient and makes
+no update. A pass whose gradient norm is NaN/inf makes no update either (`nonfinite_step` 1, as verl): the stage then
+leaves the teacher and the rollout engine as they are, and the collapse guard sees the non-finite `grad_norm`.
 
 Data-parallel ranks (`distributed.py`): each rank's batch is its share of the step's rows; every denominator above
 is the whole batch's (summed over ranks), so the ranks' losses sum to the 1-process loss, and the gradients are summed
@@ -51,6 +53,7 @@ from adaptercl.loss_terms import policy_term, weighted_distillation
 from adaptercl.methods import METHODS
 from adaptercl.model import activation_checkpointing, resolve_activation_checkpointing
 from adaptercl.regularizers import StageRegularizers
+from adaptercl.srpo import routed_step
 from adaptercl.stage_context import StageContext
 
 
@@ -80,11 +83,19 @@ def train_on_batch(
     n = batch.input_ids.shape[0]
     micro = ctx.micro_rows(n)  # optim.micro_batch_size or grad_accum's split
     total_tokens = _global_count(batch.response_mask, "token_mean").clamp(min=1.0)
-    policy_denominator = _global_count(batch.response_mask, stage.grpo.aggregation)
-    distill_denominators = None if targets is None else _distill_denominators(targets.mask, stage.distill.aggregation)
     device = next(model.parameters()).device
     chunk = resolve_logits_chunk_size(stage.optim.logits_chunk_size, device)
     checkpointing = resolve_activation_checkpointing(stage.optim.activation_checkpointing, device)
+    routed = None
+    if spec.sample_routed:  # srpo: its teacher forward, entropy weights and shared denominator, before any backward
+        routed = routed_step(ctx, batch, targets, micro, chunk)
+        policy_denominator = routed.denominator
+        distill_denominators = (routed.denominator, routed.sdpo_tokens)
+    else:
+        policy_denominator = _global_count(batch.response_mask, stage.grpo.aggregation)
+        distill_denominators = (
+            None if targets is None else _distill_denominators(targets.mask, stage.distill.aggregation)
+        )
     logp_old = None
     if stage.grpo.iterations > 1:  # off-policy passes need the rollout policy's logprobs
         logp_old = logprobs(model, batch, temperature, chunk)
@@ -93,7 +104,7 @@ def train_on_batch(
     params = list(lora_parameters(model, ctx.student).values())
     for _ in range(stage.grpo.iterations):
         optimizer.zero_grad(set_to_none=True)
-        for start in range(0, n, micro):
+        for k, start in enumerate(range(0, n, micro)):
             rows = slice(start, min(n, start + micro))
             mb = batch.select(rows)
             mask = mb.response_mask  # [n_mb, R]
@@ -101,7 +112,10 @@ def train_on_batch(
                 student = response_scores(model, mb, temperature, chunk)  # [n_mb, R, V] logits or [n_mb, R, H]
             previous = regs.previous_scores(model, mb, temperature, chunk) if regs is not None else None
             target_rows = teacher = None
-            if targets is not None and targets.mask[rows].sum() > 0:
+            if routed is not None:  # srpo: the teacher already ran on this micro-batch's SDPO rows
+                if routed.teacher[k] is not None:
+                    target_rows, teacher = routed.sdpo_rows[k], routed.teacher_scores(k, chunk)
+            elif targets is not None and targets.mask[rows].sum() > 0:
                 # The teacher runs only on the rows with a target (hybrid: the failed groups), so sparse
                 # distillation costs a teacher forward in proportion to how sparse it is.
                 target_rows = (targets.mask[rows].sum(-1) > 0).nonzero().squeeze(-1)  # [n_t]
@@ -119,6 +133,7 @@ def train_on_batch(
                 )
                 add_token_means(sums, {"kl_prev": terms.kl_prev.detach()}, mask, token_share)
             if spec.policy_term:
+                policy_mask = mask if routed is None else routed.grpo_mask[rows]  # [n_mb, R]
                 per_token, stats = policy_term(
                     logp,
                     old,
@@ -133,16 +148,27 @@ def train_on_batch(
                 )
                 loss = loss + losses.micro_batch_aggregate(
                     per_token,
-                    mask,
+                    policy_mask,
                     batch.response_mask,
                     stage.grpo.aggregation,
                     stage.rollout.max_new_tokens,
                     policy_denominator,
                 )
-                add_token_means(sums, stats, mask, token_share)
+                share = token_share if routed is None else policy_mask.sum() / routed.grpo_tokens.clamp(min=1.0)
+                add_token_means(sums, stats, policy_mask, share)
             if target_rows is not None:
+                token_weight = None if routed is None else routed.weights[k]
                 loss = loss + _distillation(
-                    ctx, rows, target_rows, terms, old, mb_rollout_logp, targets, distill_denominators, sums
+                    ctx,
+                    rows,
+                    target_rows,
+                    terms,
+                    old,
+                    mb_rollout_logp,
+                    targets,
+                    distill_denominators,
+                    sums,
+                    token_weight,
                 )
             if loss.requires_grad:  # checkpointed layers replay their forward here, whatever the flag says now
                 loss.backward()
@@ -168,6 +194,8 @@ def train_on_batch(
             optimizer.zero_grad(set_to_none=True)
     sums = {**distributed.sum_dicts(sums), **shared}
     stats = {k: v / stage.grpo.iterations for k, v in sums.items()}
+    if routed is not None:
+        stats.update(routed.stats)  # the whole batch's already, and the same for every pass
     if targets is not None:
         stats["skipped_step"] = float(stats["nonfinite_step"] == 1.0)
     return stats
@@ -183,10 +211,13 @@ def _distillation(
     targets: DistillTargets,
     denominators: tuple[torch.Tensor, torch.Tensor],
     sums: dict[str, float],
+    token_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The weighted distillation term of one micro-batch (0 added when its weight is 0); logs its statistics.
     `terms` holds the divergence on rows `target_rows` [n_t] of the micro-batch (those with a target);
-    `denominators` the batch-global (aggregation's denominator, distilled tokens) of `targets.mask`."""
+    `denominators` the batch-global (aggregation's denominator, distilled tokens) of `targets.mask` (srpo: the shared
+    token denominator of both its terms); `token_weight` [n_t, R] multiplies the token losses (srpo's DW-SDPO
+    weights; None: 1)."""
     stage, distill = ctx.stage, ctx.stage.distill
     d_mask = targets.mask[rows][target_rows]  # [n_t, R]
     per_token, stats = weighted_distillation(
@@ -197,6 +228,8 @@ def _distillation(
         distill.is_cap,
         None if rollout_logp is None else rollout_logp[target_rows],
     )  # [n_t, R]
+    if token_weight is not None:
+        per_token = per_token * token_weight
     # targets.mask [N, R] is the whole batch's: under seq_mean_token_mean_all the N rows, those without a target
     # included, are the denominator (the rows left out here would add 0 to the numerator).
     denominator, distilled_tokens = denominators

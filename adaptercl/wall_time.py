@@ -9,7 +9,7 @@ Owns the estimate `adaptercl recipe plan` prints and the shipped 24 GB recipes q
   (micro-batch 1, checkpointing, 1,024-position logit chunks; benchmarks/perf/results/cuda_7b_memory.json, the
   `<method>:8:true:auto` variants: step median / (8 x 1024 tokens)), scaled by the model's parameters / 7.6 B and
   by CONSUMER_SLOWDOWN. Every response is assumed to reach the cap, so this is an upper bound; the hybrid figure
-  distils every row (the recipe only failed groups).
+  distils every row (the recipe only failed groups); srpo has no measurement of its own and takes sdpo's.
 - Rollouts, evaluation and diagnostics (not measured): the hf engine decodes a generate call of batch_size
   sequences in max_new_tokens steps of HF_DECODE_STEP_S per 7.6 B parameters each (bitsandbytes NF4 generate is
   dominated by dequantising the weights every step, so the step time barely depends on the batch); vLLM at
@@ -31,6 +31,9 @@ H100_SECONDS_PER_TOKEN = {  # measured training step time / tokens (cuda_7b_memo
     "hybrid": 5.841 / 8192,
     "sdpo": 7.619 / 8192,
     "sdft": 6.287 / 8192,
+    # srpo: not measured; sdpo's figure (its teacher on every row) is an upper bound, as srpo's teacher forward runs
+    # on its SDPO-routed rows only (the paper: ~40 % of the rows early in training, fewer as accuracy rises)
+    "srpo": 7.619 / 8192,
 }
 CONSUMER_SLOWDOWN = 4.0  # RTX 4090 vs H100 SXM (assumption: between the bandwidth ratio 3.3 and bf16 FLOPs ~6)
 HF_DECODE_STEP_S = 0.06  # hf engine, NF4 7B on the 24 GB card, one decode step of a generate call (assumption)

@@ -1,7 +1,8 @@
 """One data-parallel rank of tests/test_distributed.py and tests/test_vllm_server.py, spawned from the test process
 (`torch.multiprocessing.start_processes`, as torchrun would start it): the launcher's environment variables, a
 record of every write under the run directory (a Python audit hook noting files opened for writing, folders made,
-renames and removals there), then the real `run_recipe`.
+renames and removals there), then the real `run_recipe`; or (`srpo_step_rank`) one SRPO training step on the rank's
+share of tests/test_srpo.py's hand-built batch.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ def watch_writes(folder: Path) -> list[str]:
     return writes
 
 
-def run_rank(rank: int, world_size: int, port: int, raw_recipe: dict, writes_dir: str) -> None:
-    """`torch.multiprocessing.start_processes` target: rank `rank` of a gloo run of `raw_recipe`."""
+def launched_as(rank: int, world_size: int, port: int) -> None:
+    """The environment torchrun gives rank `rank` of `world_size` (gloo over the loopback address)."""
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
@@ -51,7 +52,12 @@ def run_rank(rank: int, world_size: int, port: int, raw_recipe: dict, writes_dir
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
         ADAPTERCL_DIST_TIMEOUT_S="120",
-    )  # as torchrun sets them
+    )
+
+
+def run_rank(rank: int, world_size: int, port: int, raw_recipe: dict, writes_dir: str) -> None:
+    """`torch.multiprocessing.start_processes` target: rank `rank` of a gloo run of `raw_recipe`."""
+    launched_as(rank, world_size, port)
     import torch
     import torch.distributed as dist
 
@@ -68,6 +74,26 @@ def run_rank(rank: int, world_size: int, port: int, raw_recipe: dict, writes_dir
         run_recipe(resolve_recipe(raw_recipe))
     finally:
         Path(writes_dir, f"rank-{rank}.json").write_text(json.dumps(writes))
+
+
+def srpo_step_rank(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """`torch.multiprocessing.start_processes` target: rank `rank`'s share (whole groups, `shard_bounds`) of the hand-built
+    SRPO batch of tests/test_srpo.py, one `train_on_batch` in a gloo process group; writes the (all-reduced) gradients
+    and the step's statistics to out_dir/rank-<rank>.pt."""
+    launched_as(rank, world_size, port)
+    import torch
+    from test_srpo import DDP_BLOCKS, SCORES, G, recorded_step, srpo_context
+
+    from adaptercl import distributed
+
+    torch.set_num_threads(1)
+    with distributed.process_group():
+        lo, hi = distributed.shard_bounds(len(SCORES) // G)
+        ctx, batch, advantages, targets, _, _ = srpo_context(
+            Path(out_dir, f"rank-{rank}"), groups=range(lo, hi), **DDP_BLOCKS
+        )
+        grads, stats = recorded_step(ctx, batch, advantages, targets)
+    torch.save({"grads": grads, "stats": stats, "rows": len(targets.has_target)}, Path(out_dir, f"rank-{rank}.pt"))
 
 
 def assert_adapters_equal_after_training(one: Path, two: Path, stage: str = "stage-01-one") -> float:

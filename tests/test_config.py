@@ -73,7 +73,7 @@ def test_distillation_aggregation_defaults_per_method_and_an_explicit_one_wins(m
     [
         (
             lambda r: r["stages"][0].update(method="ppo"),
-            "stages.a.method: Input should be 'grpo', 'sdpo', 'sdft' or 'hybrid'",
+            "stages.a.method: Input should be 'grpo', 'sdpo', 'sdft', 'hybrid' or 'srpo'",
         ),
         (
             lambda r: r["stages"][1].update(domain="chem"),
@@ -180,7 +180,7 @@ def test_cli_validate_error_is_one_line_exit_2(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: stages.a.method: Input should be 'grpo', 'sdpo', 'sdft' or 'hybrid' (got 'ppo')"
+        "error: stages.a.method: Input should be 'grpo', 'sdpo', 'sdft', 'hybrid' or 'srpo' (got 'ppo')"
     ]
     ok = subprocess.run(
         [sys.executable, "-m", "adaptercl.cli", "recipe", "show", str(path), "stages.a.method=grpo"],

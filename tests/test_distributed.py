@@ -112,6 +112,28 @@ def test_two_process_run_equals_one_process_run_and_only_rank_0_writes(tmp_path)
     assert any("metrics.jsonl" in w for w in rank0) and any("summary.json" in w for w in rank0)
 
 
+def test_two_process_srpo_step_equals_one_process_step(tmp_path):
+    """SRPO's shared token denominator and its DW-SDPO weights' mean are the whole batch's: 2 gloo ranks, each with 2
+    of the hand-built batch's 4 groups (rank 0: 5 SDPO-routed rows, rank 1: 1), make one process's step. A
+    per-rank denominator or mean would not: the ranks' shares of the routes differ."""
+    from ddp_worker import srpo_step_rank
+    from test_srpo import DDP_BLOCKS, TOL, assert_same_grads, recorded_step, srpo_context
+
+    ctx, batch, advantages, targets, _, _ = srpo_context(tmp_path / "one", optim={"grad_accum": 4})
+    grads, stats = recorded_step(ctx, batch, advantages, targets)  # also fills the tiny-random cache
+    assert DDP_BLOCKS["optim"]["grad_accum"] * 2 == 4  # the same micro-batches of 4 rows
+    torch.multiprocessing.start_processes(
+        srpo_step_rank, args=(2, _free_port(), str(tmp_path)), nprocs=2, start_method="spawn"
+    )
+    ranks = [torch.load(tmp_path / f"rank-{r}.pt") for r in (0, 1)]
+    assert [r["rows"] for r in ranks] == [8, 8]
+    for rank in ranks:  # the gradients are all-reduced: every rank holds the whole batch's
+        assert_same_grads(grads, rank["grads"])
+        for key in ("loss", "policy_loss", "distill_loss", "teacher_entropy_mean", "dw_weight_min", "dw_weight_max"):
+            assert rank["stats"][key] == pytest.approx(stats[key], rel=TOL), key
+        assert rank["stats"]["teacher_rows"] == stats["teacher_rows"] == 6
+
+
 def test_a_nonfinite_step_on_one_rank_rolls_every_rank_back_together(tmp_path, monkeypatch):
     """Rank 1's rewards turn NaN from step 2 on: its loss, and through the all-reduce every rank's gradient, are
     non-finite, so every rank skips the step and rolls back to the step-1 checkpoint together (twice, then the

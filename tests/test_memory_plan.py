@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "benchmarks" / "perf"))
 from fit_memory_plan import RESULTS, measured  # noqa: E402
 
 RECIPE_FILES = sorted((REPO / "recipes").glob("*.yaml"))
-GPU_RECIPES = ("grpo.yaml", "sdpo.yaml", "sdft.yaml", "hybrid.yaml")
+GPU_RECIPES = ("grpo.yaml", "sdpo.yaml", "sdft.yaml", "hybrid.yaml", "srpo.yaml")
 TOLERANCE = 0.15
 SHAPE_7B = ms.SHAPES["qwen/qwen2.5-7b"]
 

@@ -27,7 +27,7 @@ from adaptercl.rollout import SamplingParams
 from adaptercl.stage_context import prompts_for_step
 from adaptercl.train_step import train_on_batch
 
-CASES = {  # method, blocks: each support, a trust-region teacher, kl_prev and the base KL, several iterations
+CASES = {  # method, blocks: each support, a trust-region teacher, kl_prev and the base KL, several iterations, srpo
     "grpo": ("grpo", {"regularizers": {"kl_prev": 0.1}, "grpo": {"kl_coef": 0.05, "iterations": 2}}),
     "sdpo_full": ("sdpo", {"distill": {"support": "full", "alpha": 0.5}, "regularizers": {"kl_prev": 0.1}}),
     "sdft_topk_tail": ("sdft", {"distill": {"support": "topk", "topk": 5, "tail": True}}),
@@ -40,6 +40,7 @@ CASES = {  # method, blocks: each support, a trust-region teacher, kl_prev and t
             "hybrid": {"distill_on": "all"},
         },
     ),
+    "srpo": ("srpo", {"distill": {"topk": 7}, "grpo": {"iterations": 2}}),  # its teacher's hidden states, reused
 }
 
 
@@ -86,6 +87,8 @@ def one_step(tmp_path, case: str, **optim) -> tuple[list[list[torch.Tensor]], di
     ctx.model.train()
     stats = train_on_batch(ctx, batch, losses.group_advantages(rewards, group), recorder, targets, None, regs)
     assert len(recorder.grads) == stage.grpo.iterations
+    if method == "srpo":  # both routes in the batch
+        assert 0 < stats["teacher_rows"] < len(completions)
     return recorder.grads, stats
 
 
@@ -127,7 +130,7 @@ def test_chunked_logits_give_the_full_logits_gradients_and_statistics(tmp_path, 
     assert_same_step(reference, one_step(tmp_path / "one", case, logits_chunk_size=64))  # one chunk wider than R
 
 
-@pytest.mark.parametrize("case", ["grpo", "sdpo_full", "sdft_topk_tail", "hybrid_sampled"])
+@pytest.mark.parametrize("case", ["grpo", "sdpo_full", "sdft_topk_tail", "hybrid_sampled", "srpo"])
 def test_activation_checkpointing_gives_the_same_gradients(tmp_path, case, monkeypatch):
     reference = one_step(tmp_path / "plain", case)  # CPU default: off
     import transformers.modeling_utils

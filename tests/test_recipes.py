@@ -28,7 +28,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"  # as conftest.py
 RECIPE_FILES = sorted((REPO / "recipes").glob("*.yaml"))
 RECIPES: dict[str, RecipeConfig] = {path.name: load_recipe(path) for path in RECIPE_FILES}
-GPU_RECIPES = ("grpo.yaml", "sdpo.yaml", "sdft.yaml", "hybrid.yaml")  # the 24 GB comparison, one per method
+# the 24 GB comparison, one per method
+GPU_RECIPES = ("grpo.yaml", "sdpo.yaml", "sdft.yaml", "hybrid.yaml", "srpo.yaml")
 
 # Hub datasets the recipes name: subset -> {split: labelled?}. google/boolq has no test split, and the test splits
 # of PIQA and Winogrande carry no labels, so those three are evaluated on `validation`.
@@ -94,7 +95,8 @@ URL = [i for i, (_, d) in enumerate(DOMAIN_CASES) if source_kind(d.source) == "u
 
 
 def test_recipes_are_found_and_validate():
-    assert {"quickstart.yaml", "hybrid-cpu.yaml", "sdpo-cpu.yaml", "sdft-cpu.yaml", *GPU_RECIPES} <= set(RECIPES)
+    cpu = {"quickstart.yaml", "hybrid-cpu.yaml", "sdpo-cpu.yaml", "sdft-cpu.yaml", "srpo-cpu.yaml"}
+    assert {*cpu, *GPU_RECIPES} <= set(RECIPES)
     for recipe in RECIPES.values():
         assert recipe.stages and recipe.domains
 

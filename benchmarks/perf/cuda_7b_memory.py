@@ -125,8 +125,8 @@ def write_random_checkpoint(shape: dict[str, Any], target: Path, device: str, sh
 
 
 def variant_recipe(args: argparse.Namespace, checkpoint: Path, device: Any) -> Any:
-    """The recipe of one measured variant: the shipped recipe's `distill:`/`hybrid:` blocks for the method, the
-    workload's shape, and the variant's memory settings (grad_accum, activation checkpointing, logits chunks)."""
+    """The recipe of one measured variant: the shipped recipe's `distill:`/`hybrid:`/`srpo:` blocks for the method,
+    the workload's shape, and the variant's memory settings (grad_accum, activation checkpointing, logits chunks)."""
     import yaml
 
     from adaptercl.config import resolve_recipe
@@ -136,7 +136,7 @@ def variant_recipe(args: argparse.Namespace, checkpoint: Path, device: Any) -> A
     recipe_file = HERE.parent.parent / "recipes" / f"{args.method}.yaml"
     if METHODS[args.method].needs_teacher and recipe_file.is_file():
         shipped = yaml.safe_load(recipe_file.read_text())
-        blocks = {k: shipped[k] for k in ("distill", "hybrid") if k in shipped}
+        blocks = {k: shipped[k] for k in ("distill", "hybrid", "srpo") if k in shipped}
     if args.support:
         blocks.setdefault("distill", {})["support"] = args.support
     group = 1 if args.method == "sdft" else args.sequences
@@ -390,7 +390,7 @@ def markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a 2-layer Qwen2 on CPU: checks the code path only")
-    parser.add_argument("--method", default="hybrid", choices=["grpo", "sdpo", "sdft", "hybrid"])
+    parser.add_argument("--method", default="hybrid", choices=["grpo", "sdpo", "sdft", "hybrid", "srpo"])
     parser.add_argument(
         "--support", default=None, choices=["full", "topk", "sampled"], help="override distill.support"
     )
@@ -398,7 +398,12 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--response-len", type=int, default=896)
     parser.add_argument("--teacher-extra", type=int, default=256, help="extra teacher-prompt tokens (demonstration)")
-    parser.add_argument("--distill-frac", type=float, default=1.0, help="share of rows with a distillation target")
+    parser.add_argument(
+        "--distill-frac",
+        type=float,
+        default=1.0,
+        help="share of rows with a distillation target (srpo: routed to SDPO)",
+    )
     parser.add_argument("--grad-accum", type=int, default=8, help="micro-batches per step (8: one sequence each)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--quantization", default=None, choices=["nf4", "none"], help="default nf4 (none with --tiny)")
