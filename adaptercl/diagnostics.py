@@ -210,9 +210,10 @@ def stage_kl(
     on_response: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Forward KL(π_before ‖ π_after) on `num_prompts` seeded train prompts of `domain`, one response each sampled
-    from π_before (see the module docstring); `before`/`after` are adapter lists ([] = the base). The responses are
-    scored `ROWS_PER_FORWARD` at a time, a chunk of tokens at a time (`policy_divergence.py`); `on_response(done,
-    total)` is called after each such batch (progress, in responses)."""
+    from π_before (see the module docstring); `before`/`after` are adapter lists ([] = the base). The engine sleeps
+    after generating (a colocated vLLM gives the card back), then the responses are scored `ROWS_PER_FORWARD` at a
+    time, a chunk of tokens at a time (`policy_divergence.py`); `on_response(done, total)` is called after each such
+    batch (progress, in responses)."""
     examples = seeded_sample(domain.train, num_prompts, seed)
     prompts = [encode_chat(tokenizer, ex.messages) for ex in examples]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=seed)
@@ -220,6 +221,7 @@ def stage_kl(
     kl_sum, tokens = 0.0, 0
     with isolated(model):
         completions = [g[0] for g in engine.generate(prompts, before or None, params)]
+        engine.sleep()  # a colocated vLLM frees the card for the forwards (no-op for the hf engine)
         for start in range(0, len(completions), ROWS_PER_FORWARD):
             chunk = completions[start : start + ROWS_PER_FORWARD]
             batch = build_batch([c.prompt_ids for c in chunk], [c.token_ids for c in chunk], tokenizer.pad_token_id)

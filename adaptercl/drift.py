@@ -167,18 +167,21 @@ def response_drift(
     on_probe: Callable[[int, int], None] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Per probed domain: KL/JS to the base, entropy, length, repetition and foreign-format rate. Each domain's
-    probes are answered in one generate call and scored `ROWS_PER_FORWARD` at a time, a chunk of tokens at a time
+    probes are answered in one generate call, every domain's before the engine sleeps (a colocated vLLM gives the
+    card back to the forwards), then scored `ROWS_PER_FORWARD` at a time, a chunk of tokens at a time
     (`policy_divergence.py`); `on_probe(done, total)` is called after each such batch (progress, in probes)."""
     out = {}
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total, done = sum(len(d.eval[:probes_per_domain]) for d in domains), 0
+    params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
+    answered = []  # per domain: (prompts, completions), every domain generated before the first forward
     for domain in domains:
-        examples = domain.eval[:probes_per_domain]
-        prompts = [encode_chat(tokenizer, ex.messages) for ex in examples]
-        params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
-        completions = [g[0] for g in engine.generate(prompts, adapters, params)]
+        prompts = [encode_chat(tokenizer, ex.messages) for ex in domain.eval[:probes_per_domain]]
+        answered.append((prompts, [g[0] for g in engine.generate(prompts, adapters, params)]))
+    engine.sleep()  # a colocated vLLM frees the card for the forwards (no-op for the hf engine)
+    total, done = sum(len(c) for _, c in answered), 0
+    for domain, (prompts, completions) in zip(domains, answered):
         sums, tokens = dict.fromkeys(("kl", "js", "entropy"), 0.0), 0
         for start in range(0, len(completions), ROWS_PER_FORWARD):
             rows = slice(start, start + ROWS_PER_FORWARD)

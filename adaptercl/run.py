@@ -152,6 +152,7 @@ def _run_recipe(
             from adaptercl.lm_eval_probes import lm_eval_probes
 
             def probe() -> None:  # rank 0 alone: lm-eval runs whole there while the other ranks wait
+                engines.for_model(model).sleep()  # lm-eval's forwards: a colocated vLLM gives the card back
                 notify("lm_eval", stage=stage_dir.name, tasks=list(recipe.eval.lm_eval.tasks))
                 stage_dir.write_lm_eval(lm_eval_probes(model, tok, model_adapters, recipe.eval.lm_eval))
 
@@ -169,6 +170,7 @@ def _run_recipe(
         """Parameter and response drift vs the base, and the forward KL from the previous stage's policy; `seconds`:
         the wall time of each."""
         out, seconds, cfg, model_adapters, stage_name = {}, {}, recipe.eval, plan.model_adapters, run.stage(i).name
+        engines.for_model(model).sleep()  # awake since the evaluation: a colocated vLLM gives the card back
         if cfg.parameter_drift:
             on_module = progress("drift", stage_name, part="parameter")
             out["parameter"] = timed(

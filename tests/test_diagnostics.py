@@ -215,3 +215,41 @@ def test_a_run_with_the_diagnostics_trains_bit_identical_adapters_to_one_without
     assert "| stage-02-two | " in report.split("## Forward KL from the previous stage's policy")[1]
     assert "Teacher lift" not in (tmp_path / "off" / "report.md").read_text()
     assert "Forward KL" not in (tmp_path / "off" / "report.md").read_text()
+
+
+def test_the_engine_sleeps_before_every_diagnostic_forward(tmp_path, monkeypatch):
+    """A colocated vLLM is awake after it generates (the evaluation, the diagnostics' own responses); every forward
+    of the end-of-stage diagnostics on the training model (parameter drift, response drift, stage KL) must come after
+    it slept, so those forwards have the card. The run's engine is an hf engine that records its generate and sleep
+    calls; the diagnostics' forwards are recorded where the run calls them."""
+    from adaptercl import diagnostics, drift
+    from adaptercl import run as run_module
+
+    log: list[str] = []
+
+    class Recording(HFEngine):
+        def generate(self, *args, **kwargs):
+            log.append("generate")
+            return super().generate(*args, **kwargs)
+
+        def sleep(self) -> None:
+            log.append("sleep")
+
+    def recorded(name, fn):
+        return lambda *args, **kwargs: log.append(name) or fn(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "HFEngine", Recording)
+    monkeypatch.setattr(run_module, "parameter_drift_report", recorded("forward", run_module.parameter_drift_report))
+    monkeypatch.setattr(drift, "token_scores", recorded("forward", drift.token_scores))
+    monkeypatch.setattr(diagnostics, "token_scores", recorded("forward", diagnostics.token_scores))
+    raw = two_stage_sdpo(tmp_path / "run", 0, 2)
+    raw["stages"] = [{"name": "one", "domain": "arith", "method": "grpo"}]
+    raw["optim"]["steps"] = 1
+    raw["eval"]["drift_probes"] = 2
+    run_recipe(resolve_recipe(raw))
+    forwards = [i for i, kind in enumerate(log) if kind == "forward"]
+    # parameter drift 1, response drift 2 domains x 2 probes in one batch each x 2 policies, stage KL 2 policies
+    assert len(forwards) == 1 + 2 * 2 + 2
+    for i in forwards:  # the engine's last call before each forward put it to sleep
+        assert [k for k in log[:i] if k != "forward"][-1] == "sleep", log
+    assert log.index("generate") < forwards[0]  # the evaluation generated (woke the engine) before the diagnostics
