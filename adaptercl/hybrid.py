@@ -25,8 +25,12 @@ import math
 import torch
 from torch import Tensor
 
-from adaptercl.batching import TokenBatch, response_logits
+from adaptercl.batching import TokenBatch, response_hidden, response_logits
+from adaptercl.chunked_logits import ResponseScores
+from adaptercl.config import RecipeError
 from adaptercl.losses import token_entropy
+from adaptercl.model import decoder_and_head
+from adaptercl.policy_divergence import token_chunk
 
 
 def top_entropy_mask(entropy: Tensor, mask: Tensor, top_q: float) -> Tensor:
@@ -46,10 +50,23 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, top_q: float) -> Tensor:
 
 @torch.no_grad()
 def rollout_entropy(model: torch.nn.Module, batch: TokenBatch, micro: int, temperature: float) -> Tensor:
-    """Student token entropies [N, R] (CPU) at the current policy, in micro-batches of `micro` rows."""
+    """Student token entropies [N, R] (CPU) at the current policy, in micro-batches of `micro` rows. A micro-batch's
+    forward keeps its final hidden states [n_mb, R, H]; the full-vocabulary logits exist for one chunk of
+    `policy_divergence.token_chunk(V)` positions at a time ([c, V] float32: 64 MiB), never for the whole micro-batch
+    (the memory plan's `step_memory.entropy_pass_terms`). A model whose LM head is not a plain linear map (logit
+    soft-capping, LoRA on lm_head: `model.decoder_and_head` refuses it) gives its full logits [n_mb, R, V]."""
     n, device = batch.input_ids.shape[0], next(model.parameters()).device
     parts = []
     for start in range(0, n, micro):
         mb = batch.select(slice(start, min(n, start + micro))).to(device)
-        parts.append(token_entropy(response_logits(model, mb, temperature=temperature)).cpu())  # [n_mb, R]
+        try:
+            _, head = decoder_and_head(model)
+        except RecipeError:
+            parts.append(token_entropy(response_logits(model, mb, temperature=temperature)).cpu())  # [n_mb, R]
+            continue
+        scores = ResponseScores(hidden=response_hidden(model, mb), head=head, temperature=temperature)
+        flat = scores.hidden.reshape(-1, scores.hidden.shape[-1])  # [n_mb * R, H]
+        step = token_chunk(head.out_features)
+        entropy = [token_entropy(scores.chunk_logits(flat[i : i + step])) for i in range(0, flat.shape[0], step)]
+        parts.append(torch.cat(entropy).view(scores.hidden.shape[:2]).cpu())  # [c] each -> [n_mb, R]
     return torch.cat(parts)

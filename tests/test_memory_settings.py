@@ -181,3 +181,37 @@ def test_a_head_that_is_not_a_plain_linear_map_is_refused_by_name(tmp_path):
     ctx.model.get_base_model().config.final_logit_softcapping = 30.0
     with pytest.raises(RecipeError, match="logits_chunk_size: off"):
         decoder_and_head(ctx.model)
+
+
+def test_high_entropy_takes_the_entropies_a_chunk_of_tokens_at_a_time(tmp_path, monkeypatch):
+    """`hybrid.distill_on: high_entropy` ranks tokens by the student's entropies (`hybrid.rollout_entropy`): from the
+    micro-batch's hidden states, one chunk of tokens' logits at a time (here 5 of the 64 tokens, across rows), never
+    [n, R, V]; they equal the entropies of the full logits. Same forward on both sides (one micro-batch of every
+    row), so only the LM head's matmul over fewer rows differs: float64 rounding of H = 64 products and a V = 320-term
+    entropy sum, ~1e-14 of the entropies (<= log V), far inside 1e-10; a dropped or repeated chunk moves a token's
+    entropy by its whole value."""
+    from adaptercl import hybrid
+    from adaptercl.chunked_logits import ResponseScores
+    from adaptercl.losses import token_entropy
+
+    blocks = {"model": {"dtype": "float64"}, "quantization": "none", "rollout": {"max_new_tokens": 8}}
+    ctx = stage_context(tmp_path, "hybrid", ToyDomain(), hybrid={"distill_on": "high_entropy"}, **blocks)
+    examples = [ctx.domain.train[i] for i in prompts_for_step(len(ctx.domain.train), 2, 0, 0, 0)]
+    params = SamplingParams(max_new_tokens=8, temperature=1.0, top_p=1.0, n=4, seed=3, logprobs=False)
+    prompts = [encode_chat(ctx.tokenizer, e.messages) for e in examples]
+    completions = [c for g in ctx.engine.generate(prompts, [ctx.student], params) for c in g]
+    batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], 0)
+    with torch.no_grad():
+        for name, p in lora_parameters(ctx.model, ctx.student).items():  # B = 0 at init: give the adapter a say
+            if "lora_B" in name:
+                p.add_(0.05 * torch.randn_like(p))
+        ctx.model.eval()
+        reference = token_entropy(hybrid.response_logits(ctx.model, batch, temperature=0.7))  # [8, 8]
+    rows = []
+    original = ResponseScores.chunk_logits
+    monkeypatch.setattr(ResponseScores, "chunk_logits", lambda self, h: rows.append(h.shape) or original(self, h))
+    monkeypatch.setattr(hybrid, "token_chunk", lambda vocab: 5)
+    chunked = hybrid.rollout_entropy(ctx.model, batch, micro=8, temperature=0.7)
+    assert chunked.dtype == torch.float64 and chunked.shape == reference.shape == (8, 8)
+    torch.testing.assert_close(chunked, reference, rtol=0, atol=1e-10)
+    assert [r[0] for r in rows] == [5] * 12 + [4] and all(len(r) == 2 for r in rows)  # [c, H] chunks of 64 tokens
