@@ -95,12 +95,14 @@ class Spectrum:
 
 def spectrum(w: Tensor, k: int) -> Spectrum:
     """SVD of w [out, in] keeping all singular values and the top-k vectors. A wide matrix is decomposed as its
-    transpose (w = Vh_tᵀ S U_tᵀ), which LAPACK does about twice as fast on CPU."""
+    transpose (w = Vh_tᵀ S U_tᵀ), which LAPACK does about twice as fast on CPU. The top-k vectors are copies: a
+    slice would keep the whole [out, m] U alive, and `drift.BaseWeights` keeps a spectrum of every adapted W0 for the
+    run (on the GPU, ~25 GiB at the 7B shape)."""
     if w.shape[0] < w.shape[1]:
         U_t, s, Vh_t = torch.linalg.svd(w.T, full_matrices=False)  # [in, m], [m], [m, out]
-        return Spectrum(s, Vh_t[:k].T, U_t[:, :k].T)
+        return Spectrum(s, Vh_t[:k].T.clone(), U_t[:, :k].T.clone())
     U, s, Vh = torch.linalg.svd(w, full_matrices=False)  # [out, m], [m], [m, in]
-    return Spectrum(s, U[:, :k], Vh[:k])
+    return Spectrum(s, U[:, :k].clone(), Vh[:k].clone())
 
 
 def parameter_drift(

@@ -33,3 +33,20 @@ def test_drift_report_decomposes_each_base_weight_once_and_matches_a_fresh_svd(m
         fresh = weight_drift.parameter_drift(layer.get_base_layer().weight, delta, k=4, dtype=torch.float32)
         assert first["per_module"][name] == pytest.approx(fresh, rel=1e-5, abs=1e-6)
         assert fresh["relative_delta_norm"] > 0
+
+
+@pytest.mark.parametrize("shape", [(40, 12), (12, 40)])
+def test_a_cached_spectrum_keeps_only_its_top_k_vectors(shape):
+    """`BaseWeights` keeps a spectrum of every adapted W0 for the run; each holds its m singular values and top-k
+    vectors, (out + in) x k + m floats (the memory plan's drift cache), not the whole [out, m] U of its SVD."""
+    w = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    k, (out, inn) = 3, shape
+    spectrum = weight_drift.spectrum(w, k)
+    held = sum(t.untyped_storage().nbytes() for t in (spectrum.s, spectrum.U, spectrum.Vh))
+    assert held == ((out + inn) * k + min(out, inn)) * 4
+    # the same values and vectors (up to sign) as a float64 SVD: float32's ~6e-8 relative, over the gaps between
+    # these well-separated singular values, leaves ~1e-6 in the vectors' cosines; 1e-5 allows 10x that
+    U, s, Vh = torch.linalg.svd(w.double(), full_matrices=False)
+    torch.testing.assert_close(spectrum.s.double(), s, rtol=1e-5, atol=0)
+    cosines = (spectrum.U.double() * U[:, :k]).sum(0).abs()
+    torch.testing.assert_close(cosines, torch.ones(k, dtype=torch.float64), rtol=0, atol=1e-5)
