@@ -7,10 +7,11 @@
     adaptercl recipe show FILE [key=value ...]      print the resolved recipe (defaults merged into stages)
     adaptercl recipe serve FILE [key=value ...] [--port 8000] [--tensor-parallel-size N] [--data-parallel-size N]
                            [--print-command]        the vLLM rollout server for `rollout.engine: vllm_server`
-    adaptercl recipe plan FILE [key=value ...] [--gpu-memory 24] [--prompt-tokens 1024]
-                                                    predicted peak GPU memory of training, rollouts and evaluation,
-                                                    the fields to change when it does not fit, and the wall time;
-                                                    exit 0 when it fits, 1 when not (nothing is downloaded)
+    adaptercl recipe plan FILE [key=value ...] [--gpu-memory 24] [--prompt-tokens 1024] [--card rtx4090]
+                                                    predicted peak GPU memory of training, rollouts, evaluation and
+                                                    diagnostics, the fields to change when it does not fit, and the
+                                                    wall time on the card with each figure's source; exit 0 when it
+                                                    fits, 1 when not (nothing is downloaded)
     adaptercl report RUN_DIR                        write RUN_DIR/report.md and plots/
     adaptercl eval [RECIPE] [key=value ...] (--run RUN_DIR | --adapter DIR [--adapter DIR ...]) --out OUT
                                                     evaluate a finished run's stages (default recipe: the run's
@@ -40,6 +41,8 @@ from typing import Any
 from adaptercl.config import RecipeError
 from adaptercl.rollout import RolloutServerError
 
+PLAN_CARDS = ("rtx3090", "rtx4090")  # wall_time.CARDS (not imported here: the command starts light)
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="adaptercl", description="Continual LoRA post-training of LLMs.")
@@ -60,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         if action == "plan":
             p.add_argument("--gpu-memory", type=float, default=24.0, help="GPU memory in GiB (default 24)")
             p.add_argument("--prompt-tokens", type=int, default=1024, help="longest prompt in tokens (default 1024)")
+            p.add_argument("--card", choices=PLAN_CARDS, default="rtx4090", help="the card of the wall time")
         if action == "serve":
             _server_options(p)
     report = sub.add_parser("report", help="write report.md and plots for a run directory")
@@ -151,7 +155,7 @@ def _recipe(args: argparse.Namespace) -> int:
     if args.action == "plan":
         from adaptercl.memory_plan import plan_recipe
 
-        plan = plan_recipe(recipe, args.gpu_memory, args.prompt_tokens)
+        plan = plan_recipe(recipe, args.gpu_memory, args.prompt_tokens, args.card)
         print(plan.render())
         return 0 if plan.fits else 1
     from adaptercl.console import run_with_progress

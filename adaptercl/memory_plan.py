@@ -3,34 +3,22 @@
     plan = plan_recipe(load_recipe("recipes/hybrid.yaml"), gpu_memory_gib=24)
     print(plan.render()); plan.fits
 
-Owns the analytic memory model of the three GPU phases of a stage, the `auto` micro-batch, and the wall-time
-estimate of a recipe. No torch: the model's shape comes from `model_shapes.py` (known architectures or a local
-folder's config.json, never the hub); what a colocated vLLM engine takes is `vllm_memory.py`'s. `rollout.engine:
-auto` is planned as vLLM (`engine_choice.planned`).
+Owns the four GPU phases of a stage, each the worst over the stages, the `auto` micro-batch and the plan's output:
 
-Training step (peak of one micro-batch of `rows` sequences of T = prompt + response tokens, R = response tokens;
-rows = `optim.split_rows` of the step's prompts_per_step x group_size, or with `optim.micro_batch_size: auto` the
-largest micro-batch whose peak x (1 + MICRO_BATCH_MARGIN) fits the card, `auto_micro_batch`):
+    train        one training micro-batch (`step_memory.py`, fitted to the H100 7B measurement) with what shares the
+                 card during the step (a sleeping vLLM, `vllm_memory.step_companions`), the spectra parameter drift
+                 keeps on the card once it has run, and for `hybrid.distill_on: high_entropy` the entropy pass
+                 before the step when that is larger; rows = `optim.split_rows` of the step's sequences, or with
+                 `optim.micro_batch_size: auto` the largest micro-batch whose peak x (1 + MICRO_BATCH_MARGIN) fits
+    rollout      generation on the recipe's engine at rollout.max_new_tokens: hf = the trainer's resident memory
+                 (base, adapters, AdamW state) + bf16 KV cache of `rollout.batch_size` sequences + one prefill layer
+                 + decode logits; vLLM = the trainer's resident memory + its claim, gpu_memory_utilization x the card
+    eval         the same at eval.max_new_tokens
+    diagnostics  teacher lift, response drift, stage KL and parameter drift (`diagnostics_memory.py`), the worst part
 
-    base       NF4 linears at 4.127 bits/param (4-bit codes + 8-bit absmax per 64 + fp32 absmax per 256, double
-               quantisation) + bf16 embeddings, lm_head (when untied) and norms; bf16 everywhere with `none`
-    adapters   trainable LoRA x (4 weight + 4 grad + 8 AdamW) bytes, frozen earlier adapters and the teacher's
-               adapter (stage_start/lag/trust_region: a copy, ema: rank ema_rank) x 4 bytes
-    activ.     no checkpointing: rows x T x layers x (hidden + intermediate) x 2 bytes x C_ACT;
-               checkpointing: rows x T x layers x hidden x 2 bytes (the layer inputs) + one layer's worth recomputed
-    logits     rows x min(R, chunk) x vocab x 4 bytes x (student copies + teacher copies of the divergence support)
-    overhead   C0 (cuBLAS workspaces, allocator slack at small sizes)
-    vllm_*     a colocated vLLM engine: asleep (sleep mode, level 1) what its sleep keeps, else its whole claim
-
-The free constants (C_ACT, the logit copies and C0) are fitted, by least squares of the relative error, to the
-14 variants measured on an H100 at the Qwen2.5-7B shape (benchmarks/perf/results/cuda_7b_memory.json, peak =
-max_memory_reserved; `benchmarks/perf/fit_memory_plan.py` refits them; tests/test_memory_plan.py: each within 15%).
-Activations are fitted at one shape only: other shapes scale by (hidden + intermediate) x layers, an assumption.
-
-Rollouts and evaluation (both run on the recipe's engine) are not measured; their terms are first principles. hf
-engine: the trainer's resident memory (base, adapters, AdamW state; gradients freed) + bf16 KV cache of
-`rollout.batch_size` sequences of prompt + max_new_tokens + one prefill layer + decode logits. vLLM: the trainer's
-resident memory + the engine's claim, gpu_memory_utilization x the card (`vllm_memory.py`).
+No torch: the model's shape comes from `model_shapes.py` (known architectures or a local folder's config.json, never
+the hub); what a colocated vLLM takes is `vllm_memory.py`'s; `rollout.engine: auto` is planned as vLLM
+(`engine_choice.planned`). The wall time is `wall_time.py`'s, on the plan's micro-batches.
 """
 
 from __future__ import annotations
@@ -39,10 +27,11 @@ import math
 from dataclasses import dataclass, field
 
 from adaptercl.config import RecipeConfig, StageConfig
+from adaptercl.diagnostics_memory import diagnostics_parts, drift_cache_bytes, runs_parameter_drift
 from adaptercl.engine_choice import planned
-from adaptercl.methods import METHODS
 from adaptercl.model_shapes import GIB, Shape, base_bytes, gib, kv_bytes, lora_params, shape_of
 from adaptercl.rollout_config import ENGINES
+from adaptercl.step_memory import C0_GIB, entropy_pass_terms, frozen_params, train_terms, train_workload
 from adaptercl.vllm_memory import (
     PROMPT_TOKENS,
     VLLM_ASLEEP_GIB,
@@ -53,45 +42,9 @@ from adaptercl.vllm_memory import (
 from adaptercl.wall_time import WallTime, estimate_wall_time
 
 CUDA_CONTEXT_GIB = 0.5  # CUDA context + kernels, outside torch's allocator (assumption, typical of torch 2.x)
-MICRO_BATCH_MARGIN = 0.10  # auto micro-batch: planned peak x 1.10 must fit; the fit's largest underestimate is 5.7%
-
-# Fitted on benchmarks/perf/results/cuda_7b_memory.json (see the module docstring; fit_memory_plan.py refits).
-# Largest residual of the fit: +6.7% (sdpo, micro-batch 1); the others within 6%.
-C_ACT = 7.34  # kept activations of one layer per token, in units of (hidden + intermediate) bf16 values
-C0_GIB = 0.97  # fixed overhead
-STUDENT_LOGIT_COPIES = {"chunked": 1.86, "full": 2.56}  # [rows, positions, V] float32 tensors alive at the peak
-TEACHER_LOGIT_COPIES = {"none": 0.0, "sampled": 2.05, "topk": 3.64, "full": 6.74}  # same, added by the teacher
-
-
-@dataclass(frozen=True)
-class TrainWorkload:
-    """One micro-batch of the training step, in the terms the memory model needs."""
-
-    rows: int
-    prompt: int
-    response: int
-    checkpointing: bool
-    chunk: int | None  # positions of full-vocabulary logits at once (None: all)
-    support: str  # teacher divergence support: none, sampled, topk, full
-    trainable: int  # LoRA parameters trained
-    frozen: int  # frozen LoRA parameters on the GPU (earlier adapters, the teacher's adapter)
-
-
-def train_terms(shape: Shape, quantization: str, w: TrainWorkload) -> dict[str, float]:
-    """Peak bytes of one training micro-batch, by term."""
-    tokens = w.rows * (w.prompt + w.response)
-    layer = tokens * (shape.hidden + shape.intermediate) * 2 * C_ACT  # one layer's kept activations, bf16
-    activ = tokens * shape.layers * shape.hidden * 2 + layer if w.checkpointing else layer * shape.layers
-    positions = min(w.response, w.chunk) if w.chunk else w.response
-    one_logits = w.rows * positions * shape.vocab * 4  # [rows, positions, V] float32
-    copies = STUDENT_LOGIT_COPIES["chunked" if w.chunk else "full"] + TEACHER_LOGIT_COPIES[w.support]
-    return {
-        "base": base_bytes(shape, quantization),
-        "adapters": w.trainable * 16 + w.frozen * 4,
-        "activations": activ,
-        "logits": copies * one_logits,
-        "overhead": C0_GIB * GIB,
-    }
+MICRO_BATCH_MARGIN = 0.10  # auto micro-batch: planned peak x 1.10 must fit; the fit's largest underestimate is 5.8%
+DIAGNOSTIC_FIELDS = {"response_drift": "drift_probes", "stage_kl": "stage_kl_prompts",
+                     "parameter_drift": "parameter_drift", "teacher_lift": "teacher_lift_prompts"}  # fmt: skip
 
 
 @dataclass
@@ -125,11 +78,11 @@ class Plan:
         lines = [
             f"plan: {self.model} on a {self.gpu_memory_gib:g} GiB GPU ({CUDA_CONTEXT_GIB:g} GiB kept for the CUDA "
             f"context); prompts assumed <= {self.prompt_tokens} tokens (--prompt-tokens), responses at the cap",
-            f"{'phase':<10} {'worst stage':<14} {'peak GiB':>9}  verdict        terms",
+            f"{'phase':<12} {'worst stage':<24} {'peak GiB':>9}  verdict        terms (GiB)",
         ]
         for p in self.phases:
             verdict = "fits" if p.fits else "does not fit"
-            lines.append(f"{p.name:<10} {p.stage:<14} {p.gib:>9.2f}  {verdict:<14} {p.detail}")
+            lines.append(f"{p.name:<12} {p.stage:<24} {p.gib:>9.2f}  {verdict:<14} {p.detail}")
         for p in self.phases:
             lines += [f"  to fit {p.name}: {s}" for s in p.suggestions]
         return "\n".join(lines + self.notes + [self.wall_time.render()])
@@ -137,45 +90,6 @@ class Plan:
 
 def _detail(terms: dict[str, float]) -> str:
     return ", ".join(f"{k} {v / GIB:.2f}" for k, v in terms.items())
-
-
-def _frozen_params(shape: Shape, stage: StageConfig, index: int) -> int:
-    """Earlier adapters kept frozen on the GPU (stacked `init: new`) + the teacher's adapter."""
-    earlier = index * lora_params(shape, stage) if stage.adapter.init == "new" else 0
-    kind = stage.distill.teacher.kind if _has_teacher(stage) else None
-    # no teacher or `base`: nothing; `ema`: its own rank; every other kind: a copy of the student's adapter
-    teacher = {None: 0, "base": 0, "ema": lora_params(shape, stage, stage.distill.teacher.ema_rank or 2 * stage.lora.r)
-               }.get(kind, lora_params(shape, stage))  # fmt: skip
-    return earlier + teacher
-
-
-def _has_teacher(stage: StageConfig) -> bool:
-    return METHODS[stage.method].needs_teacher
-
-
-def train_workload(shape: Shape, stage: StageConfig, index: int, prompt: int, rows: int | None = None,
-                   grad_accum: int | None = None, checkpointing: bool | None = None,
-                   chunk: int | str | None = "recipe") -> TrainWorkload:  # fmt: skip
-    """The stage's training micro-batch on CUDA (auto = checkpointing on, 1024-position chunks) of `rows` sequences
-    (default: `optim.split_rows`, the split without a card); overrides for the searches."""
-    optim = stage.optim
-    sequences = optim.prompts_per_step * stage.rollout.group_size
-    ckpt = optim.activation_checkpointing in ("auto", True) if checkpointing is None else checkpointing
-    if chunk == "recipe":
-        setting = optim.logits_chunk_size
-        chunk = 1024 if setting == "auto" else None if setting == "off" else setting
-    if rows is None:
-        rows = math.ceil(sequences / grad_accum) if grad_accum else optim.split_rows(sequences)
-    return TrainWorkload(
-        rows=rows,
-        prompt=prompt,
-        response=stage.rollout.max_new_tokens,
-        checkpointing=ckpt,
-        chunk=chunk,
-        support=stage.distill.support if _has_teacher(stage) else "none",
-        trainable=lora_params(shape, stage),
-        frozen=_frozen_params(shape, stage, index),
-    )
 
 
 @dataclass(frozen=True)
@@ -187,20 +101,33 @@ class MicroBatchPlan:
     limit_gib: float  # the card less the CUDA context
 
 
+def step_terms(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, card_gib: float, rows: int,
+               **kw) -> dict[str, float]:  # fmt: skip
+    """The card at the peak of stage `index`'s training step at `rows` a micro-batch (`kw`: train_workload's
+    overrides): the micro-batch or, with hybrid high_entropy, the entropy pass when larger; with what stays beside
+    it (a sleeping vLLM, the spectra of parameter drift once it has run)."""
+    stage = recipe.stages[index]
+    workload = train_workload(shape, stage, index, prompt, rows, **kw)
+    terms = train_terms(shape, recipe.quantization, workload)
+    if stage.method == "hybrid" and stage.hybrid.distill_on == "high_entropy":
+        terms = max(terms, entropy_pass_terms(shape, recipe.quantization, workload), key=gib)
+    cache = runs_parameter_drift(recipe) and (index > 0 or stage.monitor.drift_every)
+    kept = {"drift_cache": drift_cache_bytes(shape, recipe, stage)} if cache else {}
+    return {**terms, **kept, **step_companions(shape, recipe, card_gib)}
+
+
 def auto_micro_batch(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, card_gib: float,
                      sequences: int | None = None, checkpointing: bool | None = None,
                      chunk: int | str | None = "recipe") -> MicroBatchPlan:  # fmt: skip
-    """The largest micro-batch (at most `sequences`, default the step's) of stage `index` whose planned training
-    peak plus what shares the card during the step (`step_companions`) times 1 + MICRO_BATCH_MARGIN fits the card
-    less the CUDA context; 1 when none does (the plan then says the step does not fit)."""
+    """The largest micro-batch (at most `sequences`, default the step's) of stage `index` whose planned step peak
+    (`step_terms`: with what shares the card) times 1 + MICRO_BATCH_MARGIN fits the card less the CUDA context; 1
+    when none does (the plan then says the step does not fit)."""
     stage = recipe.stages[index]
     sequences = sequences or stage.optim.prompts_per_step * stage.rollout.group_size
     limit = card_gib - CUDA_CONTEXT_GIB
-    extra = gib(step_companions(shape, recipe, card_gib))
 
     def peak(rows: int) -> float:
-        workload = train_workload(shape, stage, index, prompt, rows, checkpointing=checkpointing, chunk=chunk)
-        return gib(train_terms(shape, recipe.quantization, workload)) + extra
+        return gib(step_terms(shape, recipe, index, prompt, card_gib, rows, checkpointing=checkpointing, chunk=chunk))
 
     rows = 1
     while rows < sequences and peak(rows + 1) * (1 + MICRO_BATCH_MARGIN) <= limit:
@@ -216,22 +143,22 @@ def planned_rows(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, ca
     return optim.split_rows(optim.prompts_per_step * recipe.stages[index].rollout.group_size)
 
 
-def _resident(shape: Shape, recipe: RecipeConfig, stage: StageConfig, index: int) -> dict[str, float]:
+def resident_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, index: int) -> dict[str, float]:
     """What the trainer keeps on the GPU between steps: base, adapters, AdamW state (gradients are freed)."""
     return {
         "base": base_bytes(shape, recipe.quantization),
-        "adapters": lora_params(shape, stage) * 12 + _frozen_params(shape, stage, index) * 4,
+        "adapters": lora_params(shape, stage) * 12 + frozen_params(shape, stage, index) * 4,
         "overhead": C0_GIB * GIB,
     }
 
 
-def hf_generate_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, index: int, batch: int, prompt: int,
+def hfgenerate_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, index: int, batch: int, prompt: int,
                       new_tokens: int) -> dict[str, float]:  # fmt: skip
     """transformers generate on the training model: resident + KV + one prefill layer + decode logits. A no-grad
     layer holds at most gate, up and their product (3 x intermediate) and ~4 hidden-sized tensors per token."""
     prefill = batch * prompt * (3 * shape.intermediate + 4 * shape.hidden) * 2
     return {
-        **_resident(shape, recipe, stage, index),
+        **resident_terms(shape, recipe, stage, index),
         "kv_cache": kv_bytes(shape, batch * (prompt + new_tokens)),
         "prefill": prefill,
         "logits": 2 * batch * shape.vocab * 4,  # last-position logits and their softmax, float32
@@ -244,13 +171,11 @@ def _worst(rows: list[tuple[str, dict[str, float]]]) -> tuple[str, dict[str, flo
 
 def _train_phase(shape: Shape, recipe: RecipeConfig, prompt: int, card: float) -> Phase:
     limit, companions = card - CUDA_CONTEXT_GIB, step_companions(shape, recipe, card)
-    extra = gib(companions)
 
     def peak(i: int, stage: StageConfig, **kw) -> float:
-        return gib(train_terms(shape, recipe.quantization, train_workload(shape, stage, i, prompt, **kw))) + extra
+        return gib(step_terms(shape, recipe, i, prompt, card, **kw))
 
-    rows = [(s.name, {**train_terms(shape, recipe.quantization, train_workload(
-             shape, s, i, prompt, planned_rows(shape, recipe, i, prompt, card))), **companions})
+    rows = [(s.name, step_terms(shape, recipe, i, prompt, card, planned_rows(shape, recipe, i, prompt, card)))
             for i, s in enumerate(recipe.stages)]  # fmt: skip
     name, terms = _worst(rows)
     phase = Phase("train", name, gib(terms), limit, _detail(terms))
@@ -284,14 +209,14 @@ def _train_phase(shape: Shape, recipe: RecipeConfig, prompt: int, card: float) -
     return phase
 
 
-def _generate_terms(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, new_tokens: int,
+def generate_terms(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, new_tokens: int,
                     card: float) -> dict[str, float]:  # fmt: skip
     """The card while stage `index` generates `new_tokens` a sequence with the run's engine."""
     stage = recipe.stages[index]
     engine = ENGINES[stage.rollout.engine]
     if engine.home is None:  # hf: generate on the training model
-        return hf_generate_terms(shape, recipe, stage, index, stage.rollout.batch_size, prompt, new_tokens)
-    resident = _resident(shape, recipe, stage, index)
+        return hfgenerate_terms(shape, recipe, stage, index, stage.rollout.batch_size, prompt, new_tokens)
+    resident = resident_terms(shape, recipe, stage, index)
     if not engine.needs_local_vllm:  # a vLLM server: its GPUs are not this one
         return resident
     return {**resident, "vllm_claim": vllm_utilization(shape, recipe, card) * card * GIB}
@@ -299,7 +224,7 @@ def _generate_terms(shape: Shape, recipe: RecipeConfig, index: int, prompt: int,
 
 def _generate_phase(name: str, shape: Shape, recipe: RecipeConfig, prompt: int, new_tokens: int, card: float) -> Phase:
     limit = card - CUDA_CONTEXT_GIB
-    rows = [(s.name, _generate_terms(shape, recipe, i, prompt, new_tokens, card)) for i, s in enumerate(recipe.stages)]
+    rows = [(s.name, generate_terms(shape, recipe, i, prompt, new_tokens, card)) for i, s in enumerate(recipe.stages)]
     stage_name, terms = _worst(rows)
     phase = Phase(name, stage_name, gib(terms), limit, _detail(terms))
     stage = next(s for s in recipe.stages if s.name == stage_name)
@@ -315,7 +240,7 @@ def _generate_phase(name: str, shape: Shape, recipe: RecipeConfig, prompt: int, 
         i = recipe.stages.index(stage)
         if ENGINES[stage.rollout.engine].home is None:
             for batch in range(stage.rollout.batch_size - 1, 0, -1):
-                smaller = hf_generate_terms(shape, recipe, stage, i, batch, prompt, new_tokens)
+                smaller = hfgenerate_terms(shape, recipe, stage, i, batch, prompt, new_tokens)
                 if gib(smaller) <= limit:
                     phase.suggestions.append(f"rollout.batch_size={batch}")
                     break
@@ -350,21 +275,36 @@ def _notes(shape: Shape, recipe: RecipeConfig, written: RecipeConfig, prompt: in
     return notes
 
 
-def plan_recipe(recipe: RecipeConfig, gpu_memory_gib: float = 24.0, prompt_tokens: int = PROMPT_TOKENS) -> Plan:
-    """Predicted peak GPU memory of each phase (training step, rollouts, evaluation) and the wall time."""
+def _diagnostics_phase(shape: Shape, recipe: RecipeConfig, prompt: int, card: float) -> Phase:
+    def generate(index: int, prompt_: int, new_tokens: int) -> dict[str, float]:
+        return generate_terms(shape, recipe, index, prompt_, new_tokens, card)
+
+    rows = [(f"{s.name}:{part}", terms) for i, s in enumerate(recipe.stages)
+            for part, terms in diagnostics_parts(shape, recipe, i, prompt, card, generate).items()]  # fmt: skip
+    if not rows:
+        return Phase("diagnostics", "-", 0.0, card - CUDA_CONTEXT_GIB, "none (eval: every diagnostic off)")
+    name, terms = _worst(rows)
+    phase = Phase("diagnostics", name, gib(terms), card - CUDA_CONTEXT_GIB, _detail(terms))
+    if not phase.fits:
+        phase.suggestions.append(f"eval.{DIAGNOSTIC_FIELDS[name.split(':')[1]]} (off: 0 / false), or a shorter "
+                                 "eval.max_new_tokens / rollout.max_new_tokens")  # fmt: skip
+    return phase
+
+
+def plan_recipe(recipe: RecipeConfig, gpu_memory_gib: float = 24.0, prompt_tokens: int = PROMPT_TOKENS,
+                card: str = "rtx4090") -> Plan:  # fmt: skip
+    """Predicted peak GPU memory of each phase (training step, rollouts, evaluation, diagnostics) and the wall time
+    on `card` (`wall_time.CARDS`)."""
     written, recipe = recipe, planned(recipe)  # rollout.engine auto: vLLM, what it picks on a CUDA card with vLLM
     shape = shape_of(recipe.model.name)
-    card = gpu_memory_gib
+    gib_ = gpu_memory_gib
     phases = [
-        _train_phase(shape, recipe, prompt_tokens, card),
-        _generate_phase("rollout", shape, recipe, prompt_tokens, recipe.stages[0].rollout.max_new_tokens, card),
-        _generate_phase("eval", shape, recipe, prompt_tokens, recipe.eval_max_new_tokens, card),
+        _train_phase(shape, recipe, prompt_tokens, gib_),
+        _generate_phase("rollout", shape, recipe, prompt_tokens, recipe.stages[0].rollout.max_new_tokens, gib_),
+        _generate_phase("eval", shape, recipe, prompt_tokens, recipe.eval_max_new_tokens, gib_),
+        _diagnostics_phase(shape, recipe, prompt_tokens, gib_),
     ]
-    notes = _notes(shape, recipe, written, prompt_tokens, card)
-    wall = estimate_wall_time(recipe, shape_params(shape))
+    notes = _notes(shape, recipe, written, prompt_tokens, gib_)
+    rows = [planned_rows(shape, recipe, i, prompt_tokens, gib_) for i in range(len(recipe.stages))]
+    wall = estimate_wall_time(recipe, shape, rows, gib_, card)
     return Plan(recipe.model.name, gpu_memory_gib, prompt_tokens, phases, wall, notes)
-
-
-def shape_params(shape: Shape) -> float:
-    """Parameters of the model, in billions (the wall-time estimate scales decode time with it)."""
-    return (shape.linear_params() + shape.embedding_params()) / 1e9
