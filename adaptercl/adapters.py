@@ -20,6 +20,7 @@ from peft import PeftModel, get_peft_model
 
 from adaptercl.atomic import atomic_dir
 from adaptercl.config import LoraConfig
+from adaptercl.library_notices import peft_wraps_quietly
 
 
 def peft_lora_config(cfg: LoraConfig, num_layers: int | None = None) -> PeftLoraConfig:
@@ -49,7 +50,8 @@ def attach_adapter(model: torch.nn.Module, name: str, cfg: LoraConfig) -> PeftMo
     if isinstance(model, PeftModel):
         model.add_adapter(name, peft_cfg)
         return model
-    return get_peft_model(model, peft_cfg, adapter_name=name)
+    with peft_wraps_quietly():
+        return get_peft_model(model, peft_cfg, adapter_name=name)
 
 
 def load_adapter(model: torch.nn.Module, path: str | Path, name: str) -> PeftModel:
@@ -57,7 +59,8 @@ def load_adapter(model: torch.nn.Module, path: str | Path, name: str) -> PeftMod
     if isinstance(model, PeftModel):
         model.load_adapter(str(path), adapter_name=name, is_trainable=False)
         return model
-    return PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=False)
+    with peft_wraps_quietly():
+        return PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=False)
 
 
 def adapter_names(model: torch.nn.Module) -> list[str]:
