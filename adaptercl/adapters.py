@@ -21,14 +21,17 @@ from peft import PeftModel, get_peft_model
 from adaptercl.atomic import atomic_dir
 from adaptercl.config import LoraConfig
 from adaptercl.library_notices import peft_wraps_quietly
+from adaptercl.lora_layers import lora_layer_indices
 
 
 def peft_lora_config(cfg: LoraConfig, num_layers: int | None = None) -> PeftLoraConfig:
+    """PEFT's LoraConfig of a `lora` block; `lora.layers` (negative from the top) as 0-based indices of a model of
+    `num_layers` decoder layers, a RecipeError for one it does not have (`lora_layers.py`)."""
     layers = None
     if cfg.layers is not None:
         if num_layers is None:
             raise ValueError("lora.layers needs the model's number of layers")
-        layers = sorted({i % num_layers for i in cfg.layers})
+        layers = lora_layer_indices(cfg.layers, num_layers)
     return PeftLoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,

@@ -3,6 +3,8 @@ what a recipe says; this checks it against this machine, each problem one `Recip
 
 - `output_dir` (or a folder above it) is not a file;
 - `model.name` spelled as a local path (`/`, `.`, `~`, `.gguf`) exists;
+- every stage's `lora.layers` names layers the base has, where its config tells without a weight or a download
+  (`lora_layers.check_lora_layers`: built-in aliases, local folders, GGUF metadata, the local hub cache);
 - every domain: its builtin name, its reward (a user `pkg.module:function` is imported; every `reward_funcs` entry
   too, its signature checked as native or TRL-style), its local source file or
   folder with the split files, and its local `eval_file` exist (`domains.loading.check_domain`; URL and hub
@@ -23,6 +25,7 @@ from pathlib import Path
 
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.domains.loading import check_domain
+from adaptercl.lora_layers import check_lora_layers
 from adaptercl.rollout_config import ENGINES
 from adaptercl.tracking import require_trackers
 from adaptercl.vllm_settings import require_vllm
@@ -32,6 +35,7 @@ def preflight(recipe: RecipeConfig) -> None:
     """Raise the first problem found as a one-line RecipeError; return None when the recipe can start."""
     check_output_dir(recipe.output_dir)
     check_model_path(recipe.model.name)
+    check_lora_layers(recipe)
     for domain in recipe.domains:
         check_domain(domain)
     if ENGINES[recipe.stages[0].rollout.engine].needs_local_vllm:  # one engine serves every stage (config checks)

@@ -35,6 +35,7 @@ from adaptercl.domains import Domain, load_domain
 from adaptercl.drift import BaseWeights, parameter_drift_report, response_drift
 from adaptercl.evaluate import evaluate_all
 from adaptercl.lora_factors import write_combined_adapter
+from adaptercl.lora_layers import check_lora_layers
 from adaptercl.methods import METHODS
 from adaptercl.metrics import cl_metrics
 from adaptercl.model import load_base
@@ -68,6 +69,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     Launched as N processes (torchrun, accelerate launch) it trains data-parallel (`distributed.py`): rank 0 alone
     writes the run directory and reports events; the other ranks train, evaluate and measure alongside it."""
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
+    check_lora_layers(recipe, download=True)  # a hub model not in the local cache: its config.json alone, first
     with distributed.process_group() as world:
         check_world(recipe, world)
         if not world.is_main:  # events, progress and trackers are rank 0's
