@@ -134,7 +134,7 @@ def _recipe(args: argparse.Namespace) -> int:
     if args.action == "validate":
         from adaptercl.preflight import preflight
 
-        preflight(recipe)
+        preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
         print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains)")
         return 0
     if args.action == "serve":
