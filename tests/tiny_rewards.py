@@ -54,3 +54,8 @@ def three_args(a, b, c):
 def char_length(text: str, example: Example) -> RewardResult:
     """Dense for any model: the decoded response's length in characters (samples of a random model differ)."""
     return RewardResult(score=len(text) / 100, correct=len(text) > 20)
+
+
+def raises(prompts, completions, completion_ids, **kwargs):
+    """A broken TRL-style reward: it raises on every call."""
+    raise ValueError("this reward is broken")
