@@ -3,7 +3,8 @@ own logging and warning settings, not the test suite's): bad input found while r
 (no library warning with its source line, log record, progress bar or traceback before it), and a normal run prints
 no library notice a user can do nothing about (transformers' FutureWarnings, PEFT's, bitsandbytes' kernels notice).
 
-Each test is one `recipe run` of tiny-random (the imports take most of its 10-25 s).
+Each `recipe run` test is one run of tiny-random (the imports take most of its 10-25 s); the last test checks the
+bitsandbytes filter in process.
 """
 
 from __future__ import annotations
@@ -133,3 +134,24 @@ def test_a_normal_run_prints_no_library_notice(tmp_path):
     assert proc.returncode == 0, proc.stdout
     assert "accuracy matrix" in proc.stdout
     assert not [line for line in proc.stdout.splitlines() if NOTICE.search(line)], proc.stdout
+
+
+def test_only_the_bitsandbytes_kernels_notice_is_dropped(caplog):
+    """The filter `import adaptercl` puts on bitsandbytes' CPU logger drops that one notice (as bitsandbytes 0.50
+    words it), not the logger: any other record of it still reaches the log."""
+    import logging
+
+    import adaptercl  # noqa: F401 - installs the filter
+    from adaptercl.library_notices import BITSANDBYTES_CPU_LOGGER
+
+    logger = logging.getLogger(BITSANDBYTES_CPU_LOGGER)
+    with caplog.at_level(logging.WARNING):
+        logger.warning(
+            "Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please make sure you already `pip "
+            "install kernels` and the kernels >= 0.11.1",
+            ModuleNotFoundError("No module named 'kernels'"),
+        )
+        logger.warning("an unrelated bitsandbytes warning")
+    assert [r.getMessage() for r in caplog.records if r.name == BITSANDBYTES_CPU_LOGGER] == [
+        "an unrelated bitsandbytes warning"
+    ]
