@@ -52,7 +52,7 @@ def lora_layer_indices(
                 f"{field}: layer {index} does not exist; {model} has {count} layers: 0..{count - 1} "
                 f"(or -{count}..-1 counting from the top)"
             )
-    return sorted({index % count for index in layers})  # in range: % only turns -1 into count - 1
+    return sorted({index % count for index in layers})  # in range, % maps only the negative: -k -> count - k
 
 
 def base_layer_count(model_cfg: ModelConfig, download: bool = False) -> int | None:
@@ -64,29 +64,43 @@ def base_layer_count(model_cfg: ModelConfig, download: bool = False) -> int | No
     if local.suffix == ".gguf":
         return gguf_layer_count(local) if local.is_file() else None
     if (local / "config.json").is_file():
-        return config_layer_count(json.loads((local / "config.json").read_text()))
+        return config_layer_count(_read_config(local / "config.json"))
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
         config_file = _hub_config_file(name, model_cfg.revision, download)
-        return config_layer_count(json.loads(Path(config_file).read_text())) if config_file else None
+        return config_layer_count(_read_config(Path(config_file))) if config_file else None
     return None
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """A config.json as a dict; {} when it is not a JSON object (loading the base then says what is wrong)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def config_layer_count(config: dict[str, Any]) -> int | None:
     """The decoder layers of a config.json (a multimodal model's are in its `text_config`), or None."""
-    for block in (config, config.get("text_config") or {}):
+    text_config = config.get("text_config")
+    for block in (config, text_config if isinstance(text_config, dict) else {}):
         for key in LAYER_KEYS:
-            if isinstance(block.get(key), int):
+            if isinstance(block.get(key), int) and block[key] > 0:
                 return block[key]
     return None
 
 
 def gguf_layer_count(path: Path) -> int | None:
-    """`<general.architecture>.block_count` of a GGUF file's metadata, or None (no `gguf` package, no such key)."""
+    """`<general.architecture>.block_count` of a GGUF file's metadata, or None (no `gguf` package, no such key, not
+    a GGUF file: converting it then says what is wrong)."""
     try:
         from gguf import GGUFReader
     except ImportError:
         return None
-    fields = GGUFReader(str(path)).fields
+    try:
+        fields = GGUFReader(str(path)).fields
+    except Exception:  # noqa: BLE001 - gguf raises ValueError, OSError, struct errors on a file it cannot read
+        return None
     arch = fields.get("general.architecture")
     count = fields.get(f"{arch.contents()}.block_count") if arch is not None else None
     return int(count.contents()) if count is not None else None
