@@ -25,6 +25,12 @@ from adaptercl.rollout import Completion
 log = logging.getLogger(__name__)
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """float16/bfloat16 -> float32; float32/float64 unchanged (as `losses._upcast`): logits and log-probs are never
+    computed in half precision, and a float64 model (`model.dtype: float64`, the numerical checks) stays float64."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 @dataclass
 class TokenBatch:
     input_ids: torch.Tensor  # [N, P+R]
@@ -121,14 +127,14 @@ def _plain_response_logits(model: torch.nn.Module, batch: TokenBatch) -> torch.T
         logits_to_keep=r_width + 1,
         use_cache=False,
     )
-    return out.logits[:, :-1].float()  # position P-1+t predicts response token t
+    return at_least_float32(out.logits[:, :-1])  # position P-1+t predicts response token t
 
 
 def _prefix_shared_logits(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor | None:
     """`response_logits` through `prefix_sharing` ([N, R, V]), or None when that layout would not be cheaper."""
     r_width = batch.response_ids.shape[1]
     out = _prefix_shared_forward(model, batch, logits_to_keep=r_width)
-    return None if out is None else out.logits.float()
+    return None if out is None else at_least_float32(out.logits)
 
 
 def _prefix_shared_hidden(decoder: torch.nn.Module, batch: TokenBatch) -> torch.Tensor | None:

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from adaptercl.batching import TokenBatch, response_hidden, response_logits
+from adaptercl.batching import TokenBatch, at_least_float32, response_hidden, response_logits
 from adaptercl.losses import distillation_divergence, gather_logprobs, kl_to_previous, token_entropy
 from adaptercl.method_config import DistillConfig
 from adaptercl.model import decoder_and_head
@@ -60,7 +60,7 @@ class ResponseScores:
 
     def chunk_logits(self, hidden: Tensor) -> Tensor:
         """head(hidden) / temperature in float32 for hidden [n, c, H] -> [n, c, V] (as `response_logits`)."""
-        logits = self.head(hidden).float()
+        logits = at_least_float32(self.head(hidden))
         return logits if self.temperature == 1.0 else logits / self.temperature
 
 

@@ -2,7 +2,8 @@
 
     adaptercl recipe run FILE [key=value ...]       run or resume a continual sequence
     adaptercl recipe validate FILE [key=value ...]  check a recipe, and what it names on this machine (files,
-                                                    reward imports, vLLM), without loading anything heavy
+                                                    reward imports, vLLM), without loading anything heavy; print
+                                                    how each domain decides correct and success
     adaptercl recipe show FILE [key=value ...]      print the resolved recipe (defaults merged into stages)
     adaptercl recipe serve FILE [key=value ...] [--port 8000] [--tensor-parallel-size N] [--data-parallel-size N]
                            [--print-command]        the vLLM rollout server for `rollout.engine: vllm_server`
@@ -133,10 +134,11 @@ def _recipe(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.file, args.overrides)
     if args.action == "validate":
-        from adaptercl.preflight import preflight
+        from adaptercl.preflight import decision_lines, preflight
 
         preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
         print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains)")
+        print("".join(f"  {line}\n" for line in decision_lines(recipe)), end="")
         return 0
     if args.action == "serve":
         from adaptercl.serve import rollout_server_command, serve_rollouts

@@ -40,6 +40,7 @@ from adaptercl.method_config import ConfigBlock as _Block
 from adaptercl.methods import METHODS, Method
 from adaptercl.recipe_errors import RecipeError, format_validation_error
 from adaptercl.rollout_config import ENGINE_FIELDS, RolloutConfig, RolloutServerConfig
+from adaptercl.teacher_schedule import first_gated_check
 
 __all__ = [
     "Action",
@@ -75,8 +76,11 @@ class ModelConfig(_Block):
         description="Base model: a built-in alias ('tiny-random', 'smollm2-135m-instruct'), a hub id, a local "
         "HF model folder, or a .gguf file (dequantised on load)."
     )
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Compute dtype of the unquantised parts; auto = bfloat16 on CUDA, float32 on CPU."
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = Field(
+        "auto",
+        description="Compute dtype of the unquantised parts; auto = bfloat16 on CUDA, float32 on CPU. float64 (no "
+        "quantization) keeps every step in float64: for numerical checks, where two arrangements of the same update "
+        "(micro-batches, ranks, chunked logits, checkpointing) must agree far below float32 rounding.",
     )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit) for hub ids.")
     cache_dir: str | None = Field(
@@ -187,6 +191,10 @@ class StageConfig(_Block):
             teacher.tau = spec.tau
         if teacher.ema_rank is None:
             teacher.ema_rank = 2 * self.lora.r
+        if teacher.gate_window is None:
+            teacher.gate_window = teacher.refresh_every
+        if spec.needs_teacher:
+            _check_refresh_schedule(teacher, self.optim.steps)
         if self.distill.alpha is None:
             self.distill.alpha = spec.alpha
         if self.distill.skip_first_tokens is None:
@@ -262,6 +270,11 @@ class RecipeConfig(_Block):
                         f"stages.{stage.name}.rollout.{key}: the rollout engine is shared by every stage; set "
                         f"rollout.{key} once at recipe level (stage {first.name} has {theirs!r})"
                     )
+        if self.model.dtype == "float64" and self.quantization != "none":  # auto is nf4 on CUDA
+            raise ValueError(
+                f"model.dtype: float64 needs an unquantised base (bitsandbytes computes in 16 or 32 bit); set "
+                f"quantization: none (it is {self.quantization})"
+            )
         if first.adapter.init == "merge":
             raise ValueError(f"stages.{first.name}.adapter.init: the first stage has nothing to merge; use new")
         for i, stage in enumerate(self.stages):
@@ -281,6 +294,23 @@ class RecipeConfig(_Block):
 
 
 STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid", "regularizers", "monitor")
+
+
+def _check_refresh_schedule(teacher: TeacherConfig, steps: int) -> None:
+    """A restart_freeze or gated teacher that could never refresh within the stage is a stage_start teacher in
+    disguise: refuse it, saying what to change."""
+    if teacher.kind == "restart_freeze" and teacher.refresh_every > steps:
+        raise ValueError(
+            f"distill.teacher.refresh_every ({teacher.refresh_every}) is more than optim.steps ({steps}): the "
+            "restart_freeze teacher would never refresh; lower it, or use distill.teacher.kind stage_start"
+        )
+    first = first_gated_check(teacher.gate_window, teacher.refresh_every)
+    if teacher.kind == "gated" and first > steps:
+        raise ValueError(
+            f"distill.teacher: the gated teacher's first check would be at step {first} (gate_window "
+            f"{teacher.gate_window} steps of baseline, then every refresh_every {teacher.refresh_every}), after "
+            f"optim.steps ({steps}); lower gate_window or refresh_every, or use distill.teacher.kind stage_start"
+        )
 
 
 def _check_unique(what: str, names: list[str]) -> None:

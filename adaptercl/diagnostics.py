@@ -47,7 +47,7 @@ import torch
 from adaptercl import metrics
 from adaptercl.adapters import active_adapters
 from adaptercl.batching import build_batch, encode_chat, response_logits
-from adaptercl.domains import Domain, Example
+from adaptercl.domains import Domain, Example, is_success
 from adaptercl.methods import METHODS
 from adaptercl.rollout import RolloutEngine, SamplingParams
 from adaptercl.stage_context import StageContext, rollout_sampling, step_seed
@@ -101,7 +101,7 @@ def teacher_lift(ctx: StageContext, num_prompts: int, max_new_tokens: int) -> di
         shown = METHODS[stage.method].teacher_prompts(
             [ex.messages for ex in samples],
             [c.text for c in completions],
-            [r.score for r in results],
+            [is_success(r, stage.distill.success_threshold) for r in results],
             [r.feedback for r in results],
             [ex.demonstration for ex in samples],
             group,

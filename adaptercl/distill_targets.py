@@ -9,7 +9,7 @@ import torch
 
 from adaptercl import losses
 from adaptercl.batching import TokenBatch, build_batch, encode_chat
-from adaptercl.domains import Example, RewardResult
+from adaptercl.domains import Example, RewardResult, is_success
 from adaptercl.hybrid import rollout_entropy, top_entropy_mask
 from adaptercl.methods import METHODS
 from adaptercl.rollout import Completion
@@ -48,7 +48,7 @@ def distill_targets(
     teacher_prompts = spec.teacher_prompts(
         [ex.messages for ex in samples],
         [c.text for c in completions],
-        [r.score for r in results],
+        [is_success(r, cfg.success_threshold) for r in results],
         [r.feedback for r in results],
         [ex.demonstration for ex in samples],
         stage.rollout.group_size,

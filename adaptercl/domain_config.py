@@ -134,10 +134,20 @@ class DomainConfig(ConfigBlock):
         description="How reward_funcs see prompts and completions: 'conversational' (message lists; trl.rewards "
         "functions need it), 'standard' (strings) or 'auto' (as the row's prompt was given, as TRL does).",
     )
+    correct_from: list[str] | None = Field(
+        None,
+        description="reward_funcs: the functions that decide whether a sample is correct (the accuracy matrix, "
+        "correct_frac, and SDPO/hybrid success), by the name the step log gives them (`rewards/<name>/mean`: the "
+        "function's __name__, a factory's returned function's, `_<index>` added to a name used twice; `recipe "
+        "validate` lists them). Default: the first function, TRL's convention of putting the task's accuracy "
+        "reward first (trl.rewards.accuracy_reward, then format or length shaping): shaping rewards add to the "
+        "training reward but never make a wrong answer correct or a right one incorrect.",
+    )
     correct_threshold: float = Field(
         1.0,
-        description="reward_funcs: a sample counts as correct (accuracy, correct_frac) when its weighted reward is "
-        ">= this; with 0/1 rewards and weight 1 on the task's accuracy reward, 1.0 means 'the answer was right'.",
+        description="reward_funcs: a sample is correct when the sum of the correct_from functions' own rewards "
+        "(unweighted: reward_weights shape the training reward, not what counts as right; a None left out, all "
+        "None = not correct) is >= this. With a 0/1 accuracy reward, 1.0 means 'the answer was right'.",
     )
     prompt_template: str | None = Field(
         None,
@@ -202,6 +212,18 @@ class DomainConfig(ConfigBlock):
         unknown = sorted(set(v) - {"prompt", "answer", "demonstration", "system"})
         if unknown:
             raise ValueError(f"unknown keys {unknown}; allowed: prompt, answer, demonstration, system")
+        return v
+
+    @field_validator("correct_from", mode="before")
+    @classmethod
+    def _one_name_is_a_list(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    @field_validator("correct_from")
+    @classmethod
+    def _check_correct_from(cls, v: list[str] | None) -> list[str] | None:
+        if v is not None and not v:
+            raise ValueError("correct_from is empty; name at least one reward function (or leave it out: the first)")
         return v
 
     @field_validator("prompt_template")

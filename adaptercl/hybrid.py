@@ -4,10 +4,11 @@ The hybrid loss is the GRPO loss plus λ (`hybrid.distill_weight`) × the distil
 `sampled` or `topk`, a frozen `base`/`stage_start` or a `trust_region` teacher; config.py refuses moving teachers),
 on a sparse set of response tokens chosen by `hybrid.distill_on`:
 
-- `failed_groups` (default): only samples of groups in which no sample succeeded (reward >= distill.success_threshold)
-  — exactly where GRPO has no signal (all advantages 0). Their teacher context cannot be a successful sibling, so it
-  is the example's demonstration when it has one (shown as SDPO's "Correct solution") and/or the reward feedback
-  (SDPO's feedback block); a sample with neither gets no target.
+- `failed_groups` (default): only samples of groups in which no sample succeeded (`domains.is_success`: the domain's
+  correct decision for TRL-style rewards, reward >= distill.success_threshold for native ones; a sample every TRL
+  function returned None for is no success) — exactly where GRPO has no signal (all advantages 0). Their teacher
+  context cannot be a successful sibling, so it is the example's demonstration when it has one (shown as SDPO's
+  "Correct solution") and/or the reward feedback (SDPO's feedback block); a sample with neither gets no target.
 - `high_entropy`: the top `hybrid.entropy_top_q` fraction of all response tokens of the batch by the student's
   token entropy (at the rollout policy, before the update), among samples that have a teacher context.
 - `all`: every response token of samples with a teacher context.
@@ -38,7 +39,7 @@ def top_entropy_mask(entropy: Tensor, mask: Tensor, top_q: float) -> Tensor:
     if n_tokens == 0:
         return out.view_as(mask)
     k = max(1, math.ceil(top_q * n_tokens))
-    scores = torch.where(flat_mask, entropy.reshape(-1).float(), torch.full_like(out, -math.inf))  # [N*R]
+    scores = torch.where(flat_mask, entropy.reshape(-1).to(out.dtype), torch.full_like(out, -math.inf))  # [N*R]
     out[torch.topk(scores, k).indices] = 1.0
     return out.view_as(mask).to(mask.dtype)
 

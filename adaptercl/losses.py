@@ -53,7 +53,8 @@ Conventions and where they come from or depart from the references:
 - `seq_mean_token_sum_norm` is mean over sequences of Σ_t v·m / max_len, as TRL's `dr_grpo`; verl's variant sums
   over sequences instead of averaging (a constant factor N).
 - `group_advantages` with `scale_by_std` uses the Bessel-corrected group std and ε=1e-4, as TRL's `scale_rewards=
-  "group"`.
+  "group"`; unscored samples (every TRL reward function returned None) are left out of the group's statistics with
+  advantage 0, as TRL 1.16.
 """
 
 from __future__ import annotations
@@ -79,17 +80,39 @@ def _upcast(x: Tensor) -> Tensor:
 # --------------------------------------------------------------------------------------------------------- GRPO
 
 
-def group_advantages(rewards: Tensor, group_size: int, scale_by_std: bool = False, eps: float = 1e-4) -> Tensor:
-    """A_i = r_i - mean_group(r) (Dr.GRPO), optionally ÷ (std_group + eps). `rewards` [N] is group-contiguous."""
+def group_advantages(
+    rewards: Tensor, group_size: int, scale_by_std: bool = False, eps: float = 1e-4, scored: Tensor | None = None
+) -> Tensor:
+    """A_i = r_i - mean_group(r) (Dr.GRPO), optionally ÷ (std_group + eps). `rewards` [N] is group-contiguous.
+
+    `scored` [N] bool (None: all): a sample that is not scored (every TRL reward function returned None) is left
+    out of its group's mean and std and gets advantage 0, as TRL 1.16's GRPOTrainer (its reward NaN, nanmean,
+    nanstd, then nan_to_num); a group with fewer than two scored samples has advantage 0 throughout. A NaN reward
+    of a scored sample still gives NaN advantages (the collapse guard's non-finite step)."""
     if group_size < 1 or rewards.ndim != 1 or rewards.numel() % group_size != 0:
         raise ValueError(f"rewards of shape {tuple(rewards.shape)} cannot be split into groups of {group_size}")
     grouped = (_upcast(rewards) if rewards.is_floating_point() else rewards.float()).view(-1, group_size)  # [P, G]
+    if scored is not None and not bool(scored.all()):
+        return _partly_scored_advantages(grouped, scored.view(-1, group_size), scale_by_std, eps).view(-1)  # [N]
     advantages = grouped - grouped.mean(dim=1, keepdim=True)  # [P, G]
     if scale_by_std:
         # A group of one has no spread; correction=0 gives std 0 (advantage is 0 anyway) instead of NaN.
         std = grouped.std(dim=1, keepdim=True, correction=1 if group_size > 1 else 0)  # [P, 1]
         advantages = advantages / (std + eps)
     return advantages.view(-1)  # [N]
+
+
+def _partly_scored_advantages(grouped: Tensor, scored: Tensor, scale_by_std: bool, eps: float) -> Tensor:
+    """`group_advantages` over the scored samples only. grouped [P, G] float, scored [P, G] bool -> [P, G]."""
+    count = scored.sum(dim=1, keepdim=True)  # [P, 1]
+    kept = torch.where(scored, grouped, torch.zeros_like(grouped))  # [P, G]
+    mean = kept.sum(dim=1, keepdim=True) / count.clamp(min=1)  # [P, 1]
+    advantages = torch.where(scored, grouped - mean, torch.zeros_like(grouped))  # [P, G]
+    if scale_by_std:
+        # Bessel-corrected std over the scored samples (TRL's nanstd); fewer than two: TRL's NaN -> advantage 0.
+        var = (advantages**2).sum(dim=1, keepdim=True) / (count - 1).clamp(min=1)  # [P, 1]
+        advantages = torch.where(count > 1, advantages / (var.sqrt() + eps), torch.zeros_like(advantages))
+    return advantages
 
 
 def zero_variance_group_fraction(rewards: Tensor, group_size: int) -> float:
@@ -343,6 +366,6 @@ def kl_to_previous(logits: Tensor, prev_logits: Tensor) -> Tensor:
     """KL(p ‖ q) per token over the full vocabulary; p = softmax(logits) (gradient), q from prev_logits (none).
 
     logits, prev_logits: [N, R, V] -> [N, R]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [N, R, V]
-    logq = torch.log_softmax(prev_logits.detach().float(), dim=-1)  # [N, R, V]
+    logp = torch.log_softmax(_upcast(logits), dim=-1)  # [N, R, V]
+    logq = torch.log_softmax(_upcast(prev_logits.detach()), dim=-1)  # [N, R, V]
     return (logp.exp() * (logp - logq)).sum(-1)  # [N, R]

@@ -218,9 +218,9 @@ def _frozen_params(shape: Shape, stage: StageConfig, index: int) -> int:
     """Earlier adapters kept frozen on the GPU (stacked `init: new`) + the teacher's adapter."""
     earlier = index * lora_params(shape, stage) if stage.adapter.init == "new" else 0
     kind = stage.distill.teacher.kind if _has_teacher(stage) else None
-    teacher = {"ema": lora_params(shape, stage, stage.distill.teacher.ema_rank or 2 * stage.lora.r),
-               "stage_start": lora_params(shape, stage), "lag": lora_params(shape, stage),
-               "trust_region": lora_params(shape, stage)}.get(kind, 0)  # fmt: skip
+    # no teacher or `base`: nothing; `ema`: its own rank; every other kind: a copy of the student's adapter
+    teacher = {None: 0, "base": 0, "ema": lora_params(shape, stage, stage.distill.teacher.ema_rank or 2 * stage.lora.r)
+               }.get(kind, lora_params(shape, stage))  # fmt: skip
     return earlier + teacher
 
 

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Action = Literal["off", "warn", "stop", "rollback"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_mean_all", "seq_mean_token_sum_norm"]
 Support = Literal["full", "topk", "sampled"]
-TeacherKind = Literal["base", "stage_start", "ema", "lag", "trust_region"]
+TeacherKind = Literal["base", "stage_start", "ema", "lag", "trust_region", "restart_freeze", "gated"]
 TeacherAutocast = Literal["none", "bfloat16", "auto"]
 
 
@@ -89,6 +89,38 @@ class TeacherConfig(ConfigBlock):
     tau: float | None = Field(None, gt=0.0, le=1.0, description="EMA rate; default 0.05 (SDPO) or 0.01 (SDFT).")
     ema_rank: int | None = Field(None, ge=1, description="Rank of the EMA teacher adapter; default 2 x lora.r.")
     lag_steps: int = Field(10, ge=1, description="`lag` teacher: hard copy of the student every N steps.")
+    refresh_every: int = Field(
+        10,
+        ge=1,
+        description="`restart_freeze` (StableSDPO, SDPO-CL arXiv 2607.01763): copy the student into the teacher "
+        "every N optimiser steps, frozen in between; `gated` (CGTR, arXiv 2606.03532): check the gate every N steps. "
+        "10 = `lag_steps`' default. SDPO-CL reports its StableSDPO as 'γ = 40 %' beside EMA 5 %, and "
+        "1 − 0.95^10 ≈ 0.40 reads as a restart every 10 steps matched to EMA-5 %; neither paper's text could be "
+        "checked offline, so this default is the toolkit's, not a confirmed reference value.",
+    )
+    gate_window: int | None = Field(
+        None,
+        ge=1,
+        description="`gated`: how many recent optimiser steps' training rollouts (the stage's own prompts, not "
+        "replay) make the evidence: their pooled reward mean and response-length p95. Default refresh_every: each "
+        "check reads the steps since the previous one. The first full window is the baseline (the stage-start "
+        "teacher's reward and p95); checks start after it. The toolkit's choice (CGTR's window not checked).",
+    )
+    gate_reward_delta: float = Field(
+        0.05,
+        ge=0.0,
+        description="`gated`: refresh only if the window's reward mean exceeds the one at the last refresh by at "
+        "least this. 0.05 is the toolkit's (CGTR's value not checked): with the shipped recipes' 32 rollouts a step "
+        "and a 10-step window, two windows' means of a flat 0/1 reward at p = 0.5 differ with a standard error of "
+        "0.04, so noise alone opens the gate at about 1 check in 10.",
+    )
+    gate_length_eps: float = Field(
+        0.1,
+        ge=0.0,
+        description="`gated`: refresh only if the window's response-length p95 is at most (1 + eps) x its value at "
+        "the last refresh (CGTR's length-tail safety: a growing tail precedes collapse). 0.1 is the toolkit's; "
+        "CGTR's value not checked.",
+    )
     trust_region_coef: float = Field(
         0.05,
         ge=0.0,
@@ -120,7 +152,14 @@ class DistillConfig(ConfigBlock):
     mask_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Drop each response token from the loss w.p. this.")
     is_cap: float = Field(2.0, gt=0.0, description="Cap of the per-token importance weights.")
     skip_first_tokens: int | None = Field(None, ge=0, description="Response tokens skipped; default 3 for SDFT.")
-    success_threshold: float = Field(0.5, description="A sibling with reward >= this is a successful demonstration.")
+    success_threshold: float = Field(
+        0.5,
+        description="Native rewards: a sample with reward >= this is a success (a sibling SDPO shows as the 'Correct "
+        "solution'; a group with one is not failed for the hybrid). 0.5 as lasgroup/SDPO's actor.yaml: the "
+        "builtin rewards' partial credit stays below it (TRL's SDPO uses 1.0). Unused for TRL-style rewards "
+        "(reward_funcs): their success is the domain's correct decision (correct_from, correct_threshold), the "
+        "accuracy matrix's.",
+    )
     use_feedback: bool = Field(
         True,
         description="SDPO: use reward feedback when no sibling succeeded; which feedback is each domain's `feedback` "

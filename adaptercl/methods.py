@@ -40,10 +40,10 @@ from adaptercl.teacher_prompts import (
 Method = Literal["grpo", "sdpo", "sdft", "hybrid"]
 Messages = list[dict[str, str]]
 
-# (prompts [N], responses [N], scores [N], feedbacks [N], demonstrations [N], group size, the stage's distill and
-# hybrid blocks) -> the teacher's prompts [N]
+# (prompts [N], responses [N], succeeded [N] (`domains.is_success`), feedbacks [N], demonstrations [N], group size,
+# the stage's distill and hybrid blocks) -> the teacher's prompts [N]
 TeacherPromptBuilder = Callable[
-    [list[Messages], list[str], list[float], list["str | None"], list["str | None"], int, DistillConfig, HybridConfig],
+    [list[Messages], list[str], list[bool], list["str | None"], list["str | None"], int, DistillConfig, HybridConfig],
     TeacherPrompts,
 ]
 
@@ -71,18 +71,18 @@ class MethodSpec:
         return self.teacher_prompts is not None
 
 
-def _sdpo(prompts, responses, scores, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
-    return sdpo_teacher_prompts(prompts, responses, scores, feedbacks, group_size, distill)
+def _sdpo(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
+    return sdpo_teacher_prompts(prompts, responses, succeeded, feedbacks, group_size, distill)
 
 
-def _sdft(prompts, responses, scores, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
-    return sdft_teacher_prompts(prompts, demonstrations, scores, distill)
+def _sdft(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
+    return sdft_teacher_prompts(prompts, demonstrations, succeeded, distill)
 
 
-def _hybrid(prompts, responses, scores, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
+def _hybrid(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
     failed_groups_only = hybrid.distill_on == "failed_groups"
     return hybrid_teacher_prompts(
-        prompts, responses, scores, feedbacks, demonstrations, group_size, distill, failed_groups_only
+        prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, failed_groups_only
     )
 
 

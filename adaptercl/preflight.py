@@ -19,16 +19,21 @@ what a recipe says; this checks it against this machine, each problem one `Recip
 - every tracker of `report_to` has its package installed (`tracking.require_trackers`).
 
 `adaptercl recipe validate` and `run.run_recipe` call it. No torch import: validate stays well under a second
-(importing a user's reward module aside).
+(importing a user's reward module aside). `decision_lines` is what validate prints after "ok": per domain, how a
+sample is judged correct (the accuracy matrix) and a success (SDPO/hybrid, `domains.is_success`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from adaptercl.config import RecipeConfig, RecipeError, RolloutServerConfig
+from adaptercl.config import DomainConfig, RecipeConfig, RecipeError, RolloutServerConfig
+from adaptercl.domains.builtin import BUILTINS
+from adaptercl.domains.datasets_formats import FORMATS
 from adaptercl.domains.loading import check_domain
+from adaptercl.domains.trl_rewards import load_trl_rewards
 from adaptercl.lora_layers import check_lora_layers
+from adaptercl.methods import METHODS
 from adaptercl.rollout_config import ENGINES
 from adaptercl.tracking import require_trackers
 from adaptercl.vllm_settings import require_vllm
@@ -90,3 +95,31 @@ def check_rollout_server(settings: RolloutServerConfig) -> None:
         raise RecipeError(str(err)) from None
     finally:
         client.close()
+
+
+def decision_lines(recipe: RecipeConfig) -> list[str]:
+    """Per domain, how correctness and (when a stage distils) SDPO/hybrid success are decided, e.g. "gsm8k: correct
+    = accuracy_reward >= 1.0 (of accuracy_reward, think_format_reward); SDPO/hybrid success = correct". Call after
+    `preflight` (it imports the rewards again, from Python's module cache)."""
+    thresholds = sorted(
+        {s.distill.success_threshold for s in recipe.stages if METHODS[s.method].needs_teacher}
+    )  # the stages that act on success
+    lines = []
+    for cfg in recipe.domains:
+        trl = load_trl_rewards(cfg)
+        if trl is not None:
+            line, success = f"{cfg.name}: {trl.correct_rule()}", "correct"
+        else:
+            line = f"{cfg.name}: correct = the {_native_reward_name(cfg)} reward's own verdict"
+            shown = " or ".join(str(t) for t in thresholds)
+            success = f"reward >= {shown} (distill.success_threshold{', per stage' if len(thresholds) > 1 else ''})"
+        lines.append(line + (f"; SDPO/hybrid success = {success}" if thresholds else ""))
+    return lines
+
+
+def _native_reward_name(cfg: DomainConfig) -> str:
+    if cfg.reward is not None:
+        return cfg.reward
+    if cfg.source.startswith("builtin:"):
+        return BUILTINS[cfg.source.removeprefix("builtin:")][1]
+    return str(FORMATS[cfg.format or "generic"].reward)

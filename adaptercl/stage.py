@@ -6,8 +6,9 @@
   rewards (docs/design.md §4);
 - methods with a self-teacher (sdpo, sdft, hybrid: `ctx.teacher`, see `teacher.py`) get the teacher's prompts on
   the very same responses and the distilled token mask (`distill_targets.py`); after each optimiser step the teacher
-  follows the student (`Teacher.update`: EMA of ΔW or a periodic copy), not after a step skipped for a non-finite
-  gradient (the guard's nonfinite rule then rolls back or stops; as verl, which updates the teacher on `did_update`);
+  follows the student (`Teacher.update`: EMA of ΔW, a periodic copy, or a copy when the `gated` teacher's gate opens
+  on the step's own-domain rewards and lengths), not after a step skipped for a non-finite gradient (the guard's
+  nonfinite rule then rolls back or stops; as verl, which updates the teacher on `did_update`);
 - the loss and the optimiser step are `train_step.train_on_batch`: the method's loss terms composed, plus the
   continual regularisers of `regularizers.py` (each only when its weight is > 0);
 - the collapse guard (`monitor.py`) warns, rolls back to the last checkpoint with a smaller LR, or stops.
@@ -104,7 +105,8 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
         texts, completion_ids = [c.text for c in completions], [c.token_ids for c in completions]
         results = score_samples(texts, completion_ids, samples, sample_domains)  # each domain in one batch call
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)  # [N]
-        advantages = losses.group_advantages(rewards, group, scale_by_std=stage.grpo.scale_rewards)  # [N]
+        scored = torch.tensor([r.scored for r in results])  # [N] bool: all-None TRL samples are not (advantage 0)
+        advantages = losses.group_advantages(rewards, group, stage.grpo.scale_rewards, scored=scored)  # [N]
         batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], tok.pad_token_id)
 
         # ---- teacher: the same responses behind the teacher's prompts, and which tokens are distilled
@@ -127,13 +129,15 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
             None if rollout_logp is None else rollout_logp.to(device),
             regs,
         )
+        # the whole step's samples (every rank's, in order: the stage's own prompts, then the replayed ones)
+        samples_log = distributed.gather_lists([_sample_record(c, r) for c, r in zip(completions, results)])
         if train_stats["nonfinite_step"] < 1.0:  # a non-finite step made no update: nothing to follow or sync
-            if ctx.teacher is not None:
-                ctx.teacher.update(model)
+            if ctx.teacher is not None:  # a gated teacher's evidence: the stage's own rollouts' rewards and lengths
+                own = samples_log[: (per_step - n_replay) * group]
+                ctx.teacher.update(model, [s[0] for s in own], [s[2] for s in own])
             ctx.engine.sync_adapters([ctx.student])  # adapter-only sync under a new name and id (no-op for hf)
 
-        # ---- log: the whole step's samples (every rank's, in order); train_stats are already the whole batch's
-        samples_log = distributed.gather_lists([_sample_record(c, r) for c, r in zip(completions, results)])
+        # ---- log: train_stats are already the whole batch's
         all_rewards = torch.tensor([s[0] for s in samples_log], dtype=torch.float32)  # [N of the whole step]
         last = {
             "step": step + 1,

@@ -17,6 +17,12 @@ never a second base, only adapter-sized tensors (docs/design.md §3):
   most r a step); otherwise each step drops the smallest singular values, and `Teacher.ema_error` carries a
   per-module bound ‖ΔW_T − EMA(ΔW_S)‖_F <= Σ_j (1-τ)^{k-j}·e_j (e_j = Frobenius norm dropped at step j).
 - `lag`: a hard copy of the student every `lag_steps` optimiser steps (initially the stage-start copy).
+- `restart_freeze` (StableSDPO, SDPO-CL): the same clock under its paper's name and field, `refresh_every`; each step
+  logs `teacher_refresh` (1 at a copy).
+- `gated` (CGTR): frozen; every `refresh_every` steps a check copies the student in only on joint evidence of
+  reward improvement and a safe response-length tail over the recent window (`teacher_schedule.py`: the rule, the
+  baseline, what is logged). `Teacher.update` gets the step's own-domain rewards and response lengths for it; the
+  window and the references are part of `Teacher.state()`, so checkpoints carry them.
 - `trust_region`: z_T = (1-c)·z_ref + c·z_student, both on the teacher prompt, z_ref = the stage-start policy
   (a frozen copy, as `stage_start`); c = `distill.teacher.trust_region_coef`, 0.05 by default as the reference
   (95 % reference). lasgroup/SDPO mixes with its reference model, the initial policy of the run; in a continual
@@ -53,10 +59,11 @@ from torch import Tensor
 
 from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state, lora_parameters, save_adapter
 from adaptercl.atomic import atomic_dir
-from adaptercl.batching import TokenBatch
+from adaptercl.batching import TokenBatch, at_least_float32
 from adaptercl.chunked_logits import ResponseScores, response_scores
 from adaptercl.losses import trust_region_teacher_logits
 from adaptercl.method_config import TeacherAutocast, TeacherConfig, TeacherKind
+from adaptercl.teacher_schedule import GateState, clock_refresh, gate_step
 
 STATE_FILE = "teacher.json"
 ADAPTER_DIR = "adapter"
@@ -119,6 +126,16 @@ class Teacher:
     ema_error: dict[str, float] = field(default_factory=dict)  # per module: bound on ‖ΔW_T − EMA(ΔW_S)‖_F
     ema_dropped: float = 0.0  # last EMA update: largest relative Frobenius norm dropped by truncation
     autocast: TeacherAutocast = "none"  # the teacher forward's torch.autocast (see `teacher_autocast_dtype`)
+    refresh_every: int = 10  # restart_freeze: copy period; gated: check period
+    gate_window: int = 10  # gated: steps of evidence
+    gate_reward_delta: float = 0.05  # gated: reward gain needed
+    gate_length_eps: float = 0.1  # gated: allowed growth of the response-length p95
+    gate: GateState = field(default_factory=GateState)  # gated: window and references (teacher_schedule.py)
+    last_log: dict[str, float] = field(default_factory=dict)  # restart_freeze / gated: the last update's metrics
+
+    def __post_init__(self) -> None:
+        if isinstance(self.gate, dict):  # from `state()` (JSON)
+            self.gate = GateState(**self.gate)
 
     @torch.no_grad()
     def logits(self, model: torch.nn.Module, batch: TokenBatch, temperature: float = 1.0) -> Tensor:
@@ -151,13 +168,16 @@ class Teacher:
             return ResponseScores(hidden=mixed, head=teacher.head, temperature=temperature)
 
     @torch.no_grad()
-    def update(self, model: torch.nn.Module) -> None:
-        """Follow the student after one optimiser step: EMA of ΔW (`ema`), or a copy every N steps (`lag`)."""
+    def update(
+        self, model: torch.nn.Module, rewards: list[float] | None = None, lengths: list[int] | None = None
+    ) -> None:
+        """Follow the student after one optimiser step (`_FOLLOW`): EMA of ΔW (`ema`), a copy every N steps (`lag`,
+        `restart_freeze`) or when the gate opens (`gated`, which needs the step's own-domain training `rewards`
+        and response `lengths`, one per rollout); the frozen kinds do nothing."""
         self.steps += 1
-        if self.kind == "ema":
-            self._ema_step(model, self.tau)
-        elif self.kind == "lag" and self.steps % self.lag_steps == 0:
-            copy_adapter(model, self.student, self.adapter)
+        follow = _FOLLOW.get(self.kind)
+        if follow is not None:
+            follow(self, model, rewards, lengths)
 
     def _ema_step(self, model: torch.nn.Module, tau: float) -> None:
         worst = 0.0
@@ -186,11 +206,16 @@ class Teacher:
         """Take back the bookkeeping of `state()` (a checkpoint's); the adapter tensors are loaded separately."""
         for key, value in state.items():
             setattr(self, key, value)
+        self.__post_init__()
 
     def stats(self) -> dict[str, float]:
         """What the teacher reports in each step's metrics: the EMA teacher's truncation (largest relative
-        Frobenius norm dropped by the last update); the other kinds report nothing."""
-        return {"teacher_ema_dropped": self.ema_dropped} if self.kind == "ema" else {}
+        Frobenius norm dropped by the last update); `restart_freeze` and `gated` whether the step refreshed the
+        teacher (`teacher_refresh`), `gated` also its baseline and checks (`teacher_gate_*`, teacher_schedule.py);
+        the other kinds report nothing."""
+        if self.kind == "ema":
+            return {"teacher_ema_dropped": self.ema_dropped}
+        return dict(self.last_log)
 
     def save(self, model: torch.nn.Module, path: str | Path) -> None:
         """Write `teacher.json` and (if any) the adapter in PEFT format into folder `path`, atomically."""
@@ -217,6 +242,10 @@ def create_teacher(model: torch.nn.Module, student: str, frozen: list[str], cfg:
         lag_steps=cfg.lag_steps,
         trust_region_coef=cfg.trust_region_coef,
         autocast=cfg.autocast,
+        refresh_every=cfg.refresh_every,
+        gate_window=cfg.gate_window or cfg.refresh_every,
+        gate_reward_delta=cfg.gate_reward_delta,
+        gate_length_eps=cfg.gate_length_eps,
     )
     if teacher.adapter is None:
         return teacher
@@ -252,6 +281,38 @@ def restore_teacher(model: torch.nn.Module, path: str | Path) -> Teacher:
             _add_frozen_adapter(model, teacher.adapter, peft_cfg)
         load_adapter_state(model, teacher.adapter, load_file(str(folder / "adapter_model.safetensors")))
     return teacher
+
+
+def _follow_ema(teacher: Teacher, model: torch.nn.Module, rewards, lengths) -> None:
+    teacher._ema_step(model, teacher.tau)
+
+
+def _follow_lag(teacher: Teacher, model: torch.nn.Module, rewards, lengths) -> None:
+    if clock_refresh(teacher.steps, teacher.lag_steps):
+        copy_adapter(model, teacher.student, teacher.adapter)
+
+
+def _follow_restart_freeze(teacher: Teacher, model: torch.nn.Module, rewards, lengths) -> None:
+    refresh = clock_refresh(teacher.steps, teacher.refresh_every)
+    if refresh:
+        copy_adapter(model, teacher.student, teacher.adapter)
+    teacher.last_log = {"teacher_refresh": float(refresh)}
+
+
+def _follow_gated(teacher: Teacher, model: torch.nn.Module, rewards, lengths) -> None:
+    if rewards is None or lengths is None:
+        raise ValueError("a gated teacher's update needs the step's training rewards and response lengths")
+    t = teacher
+    t.gate, refresh, log = gate_step(
+        t.gate, t.steps, rewards, lengths, t.refresh_every, t.gate_window, t.gate_reward_delta, t.gate_length_eps
+    )
+    if refresh:
+        copy_adapter(model, teacher.student, teacher.adapter)
+    teacher.last_log = {"teacher_refresh": float(refresh), **log}
+
+
+# How each kind follows the student after an optimiser step (kinds not listed stay as they are).
+_FOLLOW = {"ema": _follow_ema, "lag": _follow_lag, "restart_freeze": _follow_restart_freeze, "gated": _follow_gated}
 
 
 # ------------------------------------------------------------------------------------------------- helpers
@@ -291,9 +352,9 @@ def _keep_trainable(model: torch.nn.Module) -> Iterator[None]:
 
 
 def _float_logits(scores: ResponseScores) -> ResponseScores:
-    """Full logits in float32 (autocast computes them in bfloat16); hidden states are left as they are."""
+    """Full logits in at least float32 (autocast computes them in bfloat16); hidden states are left as they are."""
     if scores.logits is not None:
-        scores.logits = scores.logits.float()
+        scores.logits = at_least_float32(scores.logits)
     return scores
 
 

@@ -1,8 +1,9 @@
 """Teacher prompts for SDPO and SDFT (pure functions on messages and strings; docs/design.md §4).
 
 - `sdpo_teacher_prompts`: each sample's prompt is re-asked with the first *successful sibling* of its group
-  (reward >= `distill.success_threshold`, the sample itself excluded, `<think>...</think>` stripped) and, only
-  when no sibling succeeded, with the reward function's feedback string. As lasgroup/SDPO and TRL's
+  (`domains.is_success`: the domain's correct decision for TRL-style rewards, reward >= `distill.success_threshold`
+  for native ones; the sample itself excluded, `<think>...</think>` stripped) and, only when no sibling succeeded,
+  with the reward function's feedback string. As lasgroup/SDPO and TRL's
   `SuccessfulRolloutTeacherContextBuilder` (same regex, same templates, `dont_reprompt_on_self_success=True`,
   `environment_feedback_only_without_solution=True`).
 - `sdft_teacher_prompts`: the SDFT demonstration prompt from the example's `demonstration` field.
@@ -29,7 +30,7 @@ class TeacherPrompts:
     has_target: list[bool]  # [N] whether the sample has a teacher context (else distillation mask 0)
     used_solution: list[bool]  # [N] a successful sibling was shown
     used_feedback: list[bool]  # [N] the reward function's feedback was shown
-    succeeded: list[bool]  # [N] the sample's own reward >= success threshold
+    succeeded: list[bool]  # [N] the sample itself is a success (`domains.is_success`)
     used_demonstration: list[bool] = field(default_factory=list)  # [N] the example's demonstration was shown
 
     def append(
@@ -78,17 +79,17 @@ def with_last_user_turn(messages: list[dict[str, str]], content: str) -> list[di
 def sdpo_teacher_prompts(
     prompts: list[list[dict[str, str]]],
     responses: list[str],
-    scores: list[float],
+    succeeded: list[bool],
     feedbacks: list[str | None],
     group_size: int,
     cfg: DistillConfig,
 ) -> TeacherPrompts:
-    """SDPO reprompts for N = P x G group-contiguous samples (see the module docstring)."""
+    """SDPO reprompts for N = P x G group-contiguous samples (see the module docstring); `succeeded` [N] is
+    `domains.is_success` of each sample."""
     n = len(prompts)
-    if not (len(responses) == len(scores) == len(feedbacks) == n) or n % group_size != 0:
+    if not (len(responses) == len(succeeded) == len(feedbacks) == n) or n % group_size != 0:
         raise ValueError(f"sdpo_teacher_prompts: {n} prompts do not match the responses/scores/groups of {group_size}")
-    succeeded = [s >= cfg.success_threshold for s in scores]
-    out = TeacherPrompts([], [], [], [], succeeded)
+    out = TeacherPrompts([], [], [], [], list(succeeded))
     for i in range(n):
         start = (i // group_size) * group_size
         sibling = next((j for j in range(start, start + group_size) if j != i and succeeded[j]), None)
@@ -111,11 +112,12 @@ def sdpo_teacher_prompts(
 def sdft_teacher_prompts(
     prompts: list[list[dict[str, str]]],
     demonstrations: list[str | None],
-    scores: list[float],
+    succeeded: list[bool],
     cfg: DistillConfig,
 ) -> TeacherPrompts:
-    """SDFT demonstration prompts; a sample whose example has no demonstration gets no target."""
-    out = TeacherPrompts([], [], [], [], [s >= cfg.success_threshold for s in scores])
+    """SDFT demonstration prompts; a sample whose example has no demonstration gets no target (`succeeded` [N]
+    only feeds the success_frac statistic)."""
+    out = TeacherPrompts([], [], [], [], list(succeeded))
     for messages, demo in zip(prompts, demonstrations, strict=True):
         has = isinstance(demo, str) and demo.strip() != ""
         if has:
@@ -130,7 +132,7 @@ def sdft_teacher_prompts(
 def hybrid_teacher_prompts(
     prompts: list[list[dict[str, str]]],
     responses: list[str],
-    scores: list[float],
+    succeeded: list[bool],
     feedbacks: list[str | None],
     demonstrations: list[str | None],
     group_size: int,
@@ -139,12 +141,12 @@ def hybrid_teacher_prompts(
 ) -> TeacherPrompts:
     """Hybrid teacher prompts of N = P x G group-contiguous samples: where `failed_groups_only`, only samples of
     groups without a success get a context (see `hybrid.py`'s docstring); the context is the first successful
-    sibling, else the example's demonstration, and/or the reward feedback when no sibling succeeded."""
+    sibling, else the example's demonstration, and/or the reward feedback when no sibling succeeded. `succeeded`
+    [N] is `domains.is_success` of each sample."""
     n = len(prompts)
-    if not (len(responses) == len(scores) == len(feedbacks) == len(demonstrations) == n) or n % group_size:
+    if not (len(responses) == len(succeeded) == len(feedbacks) == len(demonstrations) == n) or n % group_size:
         raise ValueError(f"hybrid_teacher_prompts: {n} prompts do not match the other lists or groups of {group_size}")
-    succeeded = [s >= cfg.success_threshold for s in scores]
-    out = TeacherPrompts([], [], [], [], succeeded)
+    out = TeacherPrompts([], [], [], [], list(succeeded))
     for i in range(n):
         start = (i // group_size) * group_size
         group_failed = not any(succeeded[start : start + group_size])

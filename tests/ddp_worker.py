@@ -72,8 +72,11 @@ def run_rank(rank: int, world_size: int, port: int, raw_recipe: dict, writes_dir
 
 def assert_adapters_equal_after_training(one: Path, two: Path, stage: str = "stage-01-one") -> float:
     """The stage's adapter of a 1-process run (`one`) and an N-rank run (`two`): it trained (some lora_B moved), and
-    every tensor is equal within 1 % of an Adam step at lr 5e-3 (float32 summation order differs: padding,
-    micro-batches, the all-reduce). Returns the largest absolute difference."""
+    every tensor is equal within 1 % of an Adam step at lr 5e-3. The summation order differs (padding, micro-batches,
+    the all-reduce), so the runs are in float64 (`ddp_recipe`): Adam turns an element's relative gradient error into
+    the same fraction of a step, and in float32 an element whose gradient is small against the terms summed into it
+    lost 1.5 % of a step on an AVX2 CPU; in float64 (plus transformers' float32 rotary tables, ~6e-8) that error is
+    ~1e-5 of a step. Returns the largest absolute difference."""
     import torch
     from safetensors.torch import load_file
 

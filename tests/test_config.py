@@ -87,6 +87,11 @@ def test_distillation_aggregation_defaults_per_method_and_an_explicit_one_wins(m
         (lambda r: r["stages"][0].update(method="sdft"), "stages.a: sdft samples one response per prompt"),
         (lambda r: r.update(eval={"retention_probes": ["boolq"]}), "eval.retention_probes: unknown domain 'boolq'"),
         (lambda r: r.update(quantization="int8"), "quantization: Input should be 'nf4', 'none' or 'auto'"),
+        (  # auto is nf4 on CUDA
+            lambda r: r.update(model={**r["model"], "dtype": "float64"}),
+            "model.dtype: float64 needs an unquantised base (bitsandbytes computes in 16 or 32 bit); set "
+            "quantization: none (it is auto)",
+        ),
         (
             lambda r: r.update(eval={"drift_method": "svd"}),
             "eval.drift_method: Input should be 'auto', 'exact' or 'lowrank'",
@@ -100,6 +105,24 @@ def test_distillation_aggregation_defaults_per_method_and_an_explicit_one_wins(m
             lambda r: r["stages"][1].update(distill={"support": "sampled"}),
             "stages.b: distill.support 'sampled' is reverse KL only: set distill.alpha to 1.0",
         ),
+        (  # stage b has 7 steps: a restart every 8 would never happen
+            lambda r: r["stages"][1].update(distill={"teacher": {"kind": "restart_freeze", "refresh_every": 8}}),
+            "stages.b: distill.teacher.refresh_every (8) is more than optim.steps (7): the restart_freeze teacher "
+            "would never refresh",
+        ),
+        (  # baseline after 4 steps, then a check every 4: the first at step 8
+            lambda r: r["stages"][1].update(distill={"teacher": {"kind": "gated", "refresh_every": 4}}),
+            "stages.b: distill.teacher: the gated teacher's first check would be at step 8 (gate_window 4 steps of "
+            "baseline, then every refresh_every 4), after optim.steps (7)",
+        ),
+        (
+            lambda r: r["stages"][1].update(distill={"teacher": {"kind": "gated", "gate_length_eps": -0.1}}),
+            "stages.b.distill.teacher.gate_length_eps: Input should be greater than or equal to 0",
+        ),
+        (
+            lambda r: r["stages"][1].update(distill={"teacher": {"kind": "gated", "refresh_every": 0}}),
+            "stages.b.distill.teacher.refresh_every: Input should be greater than or equal to 1",
+        ),
     ],
 )
 def test_malformed_recipes_give_one_line_naming_the_field(mutate, expected):
@@ -110,6 +133,18 @@ def test_malformed_recipes_give_one_line_naming_the_field(mutate, expected):
     message = str(err.value)
     assert message.startswith(expected), message
     assert "\n" not in message
+
+
+def test_refresh_schedules_validate_where_they_can_refresh_and_the_window_defaults_to_the_period():
+    raw = copy.deepcopy(BASE)
+    raw["stages"][1]["distill"] = {"teacher": {"kind": "gated", "refresh_every": 3}}  # baseline at 3, check at 6
+    teacher = resolve_recipe(raw).stages[1].distill.teacher
+    assert (teacher.kind, teacher.refresh_every, teacher.gate_window) == ("gated", 3, 3)
+    assert (teacher.gate_reward_delta, teacher.gate_length_eps) == (0.05, 0.1)
+    raw["stages"][1]["distill"] = {"teacher": {"kind": "restart_freeze", "refresh_every": 7}}
+    assert resolve_recipe(raw).stages[1].distill.teacher.refresh_every == 7
+    raw["stages"][0]["distill"] = {"teacher": {"kind": "gated", "refresh_every": 50}}  # grpo: no teacher, no check
+    assert resolve_recipe(raw).stages[0].distill.teacher.kind == "gated"
 
 
 def test_overrides_address_stages_by_name_and_parse_values():

@@ -69,7 +69,7 @@ def recipe(tmp_path, method: str, **blocks):
         "stages": [{"name": "one", "domain": "arith", "method": method}],
     }
     for key, value in blocks.items():
-        raw[key] = {**raw.get(key, {}), **value}
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
     return resolve_recipe(raw)
 
 

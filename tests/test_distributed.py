@@ -25,9 +25,11 @@ TESTS = Path(__file__).resolve().parent
 
 def ddp_recipe(out: Path) -> dict:
     """Tiny GRPO stage: 4 prompts x group 2 per step = 8 rows, 4 per rank, generated in batches of 4 rows (so a
-    rank's share is whole generate batches and samples exactly the rows one process samples)."""
+    rank's share is whole generate batches and samples exactly the rows one process samples). In float64: the claim is
+    the same update, and the arrangements (padding, micro-batches, the all-reduce) sum in another order."""
     return {
-        "model": {"name": "tiny-random"},
+        "model": {"name": "tiny-random", "dtype": "float64"},
+        "quantization": "none",
         "output_dir": str(out),
         "lora": {"r": 4, "alpha": 8, "dropout": 0.0},
         "optim": {"lr": 5e-3, "steps": 2, "prompts_per_step": 4, "grad_accum": 2},

@@ -102,13 +102,34 @@ def test_a_nonfinite_sdpo_step_with_the_ema_teacher_is_skipped_and_the_guard_act
         assert weights and all(torch.isfinite(v).all() for v in weights.values()), part
 
 
-def test_killed_run_resumes_to_bit_identical_adapters(tmp_path):
+# The teachers whose state a resume must restore: the EMA (its adapter), restart_freeze (its clock: copies at steps 2
+# and 4) and gated (its window and references: a 2-step baseline, then a check every step; a lost window or baseline
+# would take the baseline again after the resume, which the teacher_* metrics show whatever the rewards are).
+TEACHERS = {
+    "ema": {"kind": "ema"},
+    "restart_freeze": {"kind": "restart_freeze", "refresh_every": 2},
+    "gated": {"kind": "gated", "refresh_every": 1, "gate_window": 2, "gate_reward_delta": 0.0, "gate_length_eps": 1.0},
+}
+
+
+def with_teacher(raw: dict, kind: str) -> dict:
+    raw["stages"][0]["distill"] = {"teacher": TEACHERS[kind]}
+    return raw
+
+
+def teacher_metrics(run: Path) -> list[dict]:
+    rows = read_jsonl(run / "stage-01-one" / "metrics.jsonl")
+    return [{k: v for k, v in r.items() if k.startswith("teacher_")} for r in rows if "event" not in r]
+
+
+@pytest.mark.parametrize("kind", list(TEACHERS))
+def test_killed_run_resumes_to_bit_identical_adapters(tmp_path, kind):
     reference = tmp_path / "reference"
-    run_recipe(resolve_recipe(one_stage(reference, steps=4)))
+    run_recipe(resolve_recipe(with_teacher(one_stage(reference, steps=4), kind)))
 
     killed = tmp_path / "killed"
     recipe_file = tmp_path / "recipe.yaml"
-    recipe_file.write_text(yaml.safe_dump(one_stage(killed, steps=4)))
+    recipe_file.write_text(yaml.safe_dump(with_teacher(one_stage(killed, steps=4), kind)))
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "adaptercl.cli", "recipe", "run", str(recipe_file)],
@@ -127,7 +148,7 @@ def test_killed_run_resumes_to_bit_identical_adapters(tmp_path):
     proc.wait()
     assert not (killed / "stage-01-one" / "done.json").exists(), "the run finished before it could be killed"
 
-    run_recipe(resolve_recipe(one_stage(killed, steps=4)))
+    run_recipe(resolve_recipe(with_teacher(one_stage(killed, steps=4), kind)))
     for part in ("adapter/adapter_model.safetensors", "teacher/adapter/adapter_model.safetensors"):
         a = load_file(str(reference / "stage-01-one" / part))
         b = load_file(str(killed / "stage-01-one" / part))
@@ -137,6 +158,16 @@ def test_killed_run_resumes_to_bit_identical_adapters(tmp_path):
     samples = read_jsonl(killed / "stage-01-one" / "samples.jsonl")  # resume = uninterrupted, sample for sample
     assert samples == read_jsonl(reference / "stage-01-one" / "samples.jsonl") and len(samples) == 4 * 4
     assert not (killed / "stage-01-one" / "checkpoint").exists()
+    logged = teacher_metrics(reference)  # the schedule's decisions and evidence, step for step
+    assert teacher_metrics(killed) == logged
+    if kind == "restart_freeze":
+        assert [r["teacher_refresh"] for r in logged] == [0.0, 1.0, 0.0, 1.0]
+    if kind == "gated":
+        assert "teacher_gate_baseline" in logged[1] and all(r["teacher_gate_check"] == 1.0 for r in logged[2:])
+        teacher = json.loads((reference / "stage-01-one" / "teacher" / "teacher.json").read_text())
+        assert (
+            teacher["gate"] == json.loads((killed / "stage-01-one" / "teacher" / "teacher.json").read_text())["gate"]
+        )
 
 
 def test_report_renders_every_plot(tmp_path):

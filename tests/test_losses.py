@@ -59,6 +59,91 @@ def test_group_advantages_group_of_one_is_zero_not_nan():
     assert torch.equal(group_advantages(torch.tensor([0.3, 1.0]), 1, scale_by_std=True), torch.zeros(2))
 
 
+def trl_advantages(per_func: torch.Tensor, weights: torch.Tensor, num_generations: int, scale_rewards: str):
+    """TRL 1.16 GRPOTrainer._generate_and_score_completions, `sum_then_normalize` with scale_rewards "group" or
+    "none" (trl/trainer/grpo_trainer.py lines 2759-2810), line for line; per_func [N, F], NaN where a function
+    returned None -> advantages [N]."""
+    from trl.trainer.utils import nanstd
+
+    unscorable_mask = torch.isnan(per_func).all(dim=1)
+    rewards = (per_func * weights.unsqueeze(0)).nansum(dim=1)
+    rewards[unscorable_mask] = torch.nan
+    mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)
+    mean_grouped_rewards = mean_grouped_rewards.repeat_interleave(num_generations, dim=0)
+    if num_generations > 1:
+        std_rewards = nanstd(rewards.view(-1, num_generations), dim=1)
+        std_rewards = std_rewards.repeat_interleave(num_generations, dim=0)
+    else:
+        std_rewards = torch.zeros_like(rewards)
+    advantages = rewards - mean_grouped_rewards
+    if scale_rewards != "none":
+        advantages = advantages / (std_rewards + 1e-4)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def test_trl_advantage_transcript_matches_the_installed_trl():
+    """The lines `trl_advantages` transcribes are those of the installed TRL (read, not imported: seconds)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("trl.trainer.grpo_trainer")
+    if spec is None:
+        pytest.skip("trl is not installed")
+    source = Path(spec.origin).read_text()
+    for line in (
+        "unscorable_mask = torch.isnan(rewards_per_func).all(dim=1)",
+        "rewards = (rewards_per_func * self.reward_weights.to(device).unsqueeze(0)).nansum(dim=1)",
+        "rewards[unscorable_mask] = torch.nan",
+        "mean_grouped_rewards = torch.nanmean(rewards.view(-1, num_generations), dim=1)",
+        "std_rewards = nanstd(rewards.view(-1, num_generations), dim=1)",
+        "advantages = advantages / (std_rewards + 1e-4)",
+        "advantages = torch.nan_to_num(advantages, nan=0.0)",
+    ):
+        assert line in source, line
+
+
+NAN = math.nan
+UNSCORED_GROUPS = {  # per-function rewards [N, F] in groups of 4, NaN = None
+    "the issue's [1, 1, None, 0]": [[1.0], [1.0], [NAN], [0.0]],
+    "every sample None": [[NAN], [NAN], [NAN], [NAN]],
+    "one scored sample": [[NAN], [0.7], [NAN], [NAN]],
+    "two functions, partly None": [[1.0, NAN], [NAN, 0.5], [NAN, NAN], [0.0, 0.25]],
+    "a scored group beside": [[1.0, 0.0], [0.0, 1.0], [NAN, NAN], [1.0, 1.0], [0.3, 0.1], [0.0, 0.0], [1.0, 0.5],
+                              [0.2, NAN]],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("scale", [False, True])
+@pytest.mark.parametrize("name", sorted(UNSCORED_GROUPS))
+def test_unscored_samples_get_trls_advantages(name, scale):
+    """A sample for which every reward function returned None: out of its group's baseline and std, advantage 0,
+    as TRL 1.16 (our rewards come from trl_rewards.weighted_reward, as the stage's)."""
+    pytest.importorskip("trl.trainer.utils")
+    from adaptercl.domains.trl_rewards import weighted_reward
+
+    per_func = torch.tensor(UNSCORED_GROUPS[name], dtype=D)  # [N, F]
+    weights = torch.tensor([1.0, 2.0][: per_func.shape[1]], dtype=D)  # [F]
+    rewards, unscorable = weighted_reward(per_func, weights)  # [N], [N]
+    ours = group_advantages(rewards, 4, scale_by_std=scale, scored=~unscorable)
+    expected = trl_advantages(per_func, weights, 4, "group" if scale else "none")
+    # Both in float64, except that TRL's nanstd forms its Bessel factor count / (count - 1) from integer tensors, so
+    # in float32: relative error <= 2^-24 (6e-8), halved by the sqrt (3e-8); rtol 1e-7 covers it. The rest is float64
+    # roundings on values of order 1 (~1e-15 each), hence atol 1e-12.
+    torch.testing.assert_close(ours, expected, rtol=1e-7, atol=1e-12)
+
+
+def test_unscored_sample_advantages_by_hand():
+    rewards, scored = torch.tensor([1.0, 1.0, 0.0, 0.0], dtype=D), torch.tensor([True, True, False, True])
+    torch.testing.assert_close(group_advantages(rewards, 4, scored=scored), torch.tensor([1, 1, 0, -2], dtype=D) / 3)
+    # all scored: the unmasked path, bit for bit
+    assert torch.equal(
+        group_advantages(rewards, 4, scored=torch.ones(4, dtype=torch.bool)), group_advantages(rewards, 4)
+    )
+    # a scored NaN reward still poisons its group (the collapse guard's non-finite step)
+    poisoned = group_advantages(torch.tensor([NAN, 1.0, 0.0, 0.0]), 4, scored=scored)
+    assert poisoned[[0, 1, 3]].isnan().all() and poisoned[2] == 0
+
+
 def test_group_advantages_rejects_ragged_groups():
     with pytest.raises(ValueError):
         group_advantages(torch.zeros(6), group_size=4)

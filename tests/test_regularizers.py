@@ -78,13 +78,13 @@ def test_replay_count_and_draws_are_deterministic():
 def test_hybrid_teacher_prompts_only_failed_groups_with_demonstration_or_feedback():
     cfg = DistillConfig(alpha=1.0)
     prompts = [[{"role": "user", "content": f"q{i // 2}"}] for i in range(4)]  # 2 groups of 2
-    scores, feedbacks = [1.0, 0.0, 0.0, 0.0], [None, "fb", "fb", None]
+    succeeded, feedbacks = [True, False, False, False], [None, "fb", "fb", None]
     demos = [None, None, "DEMO", "DEMO"]
-    out = hybrid_teacher_prompts(prompts, ["r0", "r1", "r2", "r3"], scores, feedbacks, demos, 2, cfg, True)
+    out = hybrid_teacher_prompts(prompts, ["r0", "r1", "r2", "r3"], succeeded, feedbacks, demos, 2, cfg, True)
     assert out.has_target == [False, False, True, True]  # group 1 has a success: GRPO handles it
     assert "DEMO" in out.messages[2][-1]["content"] and "fb" in out.messages[2][-1]["content"]
     assert "fb" not in out.messages[3][-1]["content"] and out.used_feedback == [False, False, True, False]
-    everywhere = hybrid_teacher_prompts(prompts, ["r0", "r1", "r2", "r3"], scores, feedbacks, demos, 2, cfg, False)
+    everywhere = hybrid_teacher_prompts(prompts, ["r0", "r1", "r2", "r3"], succeeded, feedbacks, demos, 2, cfg, False)
     assert everywhere.has_target == [False, True, True, True] and "r0" in everywhere.messages[1][-1]["content"]
 
 

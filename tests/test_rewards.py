@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from adaptercl.config import DomainConfig, RecipeError
-from adaptercl.domains import Domain, Example, RewardResult, load_domain
+from adaptercl.domains import Domain, Example, RewardResult, is_success, load_domain
 from adaptercl.domains.answers import count_lettered_options, extract_choice_letter
 from adaptercl.domains.datasets_formats import PROBE_SUFFIX, lettered
 from adaptercl.domains.rewards import (
@@ -422,9 +422,8 @@ def sdpo_targets(domain: Domain, answer, group_size: int = 4) -> list[bool]:
     results = [domain.reward(t, e) for t, e in zip(texts, samples, strict=True)]
     assert not any(r.correct for r in results)
     feedbacks = [r.feedback for r in results]
-    out = sdpo_teacher_prompts(
-        [e.messages for e in samples], texts, [r.score for r in results], feedbacks, group_size, DistillConfig()
-    )
+    succeeded = [is_success(r, DistillConfig().success_threshold) for r in results]
+    out = sdpo_teacher_prompts([e.messages for e in samples], texts, succeeded, feedbacks, group_size, DistillConfig())
     return out.has_target
 
 
@@ -466,7 +465,7 @@ def test_hybrid_failed_groups_still_get_the_demonstration_without_feedback(tmp_p
     out = hybrid_teacher_prompts(
         [e.messages for e in samples],
         texts,
-        [r.score for r in results],
+        [is_success(r, DistillConfig().success_threshold) for r in results],
         [r.feedback for r in results],
         [e.demonstration for e in samples],
         4,

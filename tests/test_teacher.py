@@ -1,6 +1,9 @@
-"""Self-teachers: SDPO/SDFT teacher prompts (exact strings), and the teacher kinds on one shared base."""
+"""Self-teachers: SDPO/SDFT teacher prompts (exact strings), the teacher kinds on one shared base, and the refresh
+schedules of restart_freeze and gated (CGTR)."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -15,6 +18,7 @@ from adaptercl.merging import lora_delta, refactorize
 from adaptercl.model import load_base
 from adaptercl.teacher import Teacher, create_teacher, ema_lora_factors, restore_teacher, teacher_autocast_dtype
 from adaptercl.teacher_prompts import sdft_teacher_prompts, sdpo_teacher_prompts, strip_think
+from adaptercl.teacher_schedule import GateState, gate_allows_refresh, gate_step, quantile
 
 # ------------------------------------------------------------------------------------------ teacher prompts
 
@@ -28,9 +32,9 @@ def user(text: str) -> list[dict[str, str]]:
 def test_sdpo_first_successful_sibling_self_excluded_exact_strings():
     prompts = [user("What is 2+2?")] * 4 + [user("Capital of France?")] * 4
     responses = ["5", "<think>two and two\nmake four</think> 4", "3", "four", "Paris", "Lyon", "Nice", "Paris!"]
-    scores = [0.0, 1.0, 0.0, 0.5, 1.0, 0.0, 0.2, 0.0]  # 0.5 counts as success (>= threshold)
+    succeeded = [False, True, False, True, True, False, False, False]
     feedback = ["wrong"] * 8
-    out = sdpo_teacher_prompts(prompts, responses, scores, feedback, group_size=4, cfg=DistillConfig())
+    out = sdpo_teacher_prompts(prompts, responses, succeeded, feedback, group_size=4, cfg=DistillConfig())
     # sample 0 -> first success of its group is 1 (think stripped); 1 excludes itself -> 3; 3 -> 1
     four = "What is 2+2?\nCorrect solution:\n\n4\n\nCorrectly solve the original question."
     four_self = "What is 2+2?\nCorrect solution:\n\nfour\n\nCorrectly solve the original question."
@@ -48,16 +52,16 @@ def test_sdpo_first_successful_sibling_self_excluded_exact_strings():
     assert stats["teacher_target_frac"] == 1.0 and stats["solution_used_frac"] == 7 / 8
     assert stats["success_frac"] == 3 / 8 and stats["feedback_used_frac"] == 1 / 8
     feedback[4] = None  # then it has no teacher context at all: mask 0
-    out = sdpo_teacher_prompts(prompts, responses, scores, feedback, group_size=4, cfg=DistillConfig())
+    out = sdpo_teacher_prompts(prompts, responses, succeeded, feedback, group_size=4, cfg=DistillConfig())
     assert out.messages[4] == prompts[4] and not out.has_target[4] and out.stats()["teacher_target_frac"] == 7 / 8
 
 
 def test_sdpo_feedback_only_when_no_sibling_succeeded():
     prompts = [user("Q1")] * 3 + [user("Q2")] * 3
     responses = ["a", "b", "c", "d", "e", "f"]
-    scores = [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+    succeeded = [False, False, False, True, False, False]
     feedback = ["expected 7, got 3", None, "  ", None, "expected Paris", None]
-    out = sdpo_teacher_prompts(prompts, responses, scores, feedback, group_size=3, cfg=DistillConfig())
+    out = sdpo_teacher_prompts(prompts, responses, succeeded, feedback, group_size=3, cfg=DistillConfig())
     fb = "Q1\nThe following is feedback from your unsuccessful earlier attempt:\n\nexpected 7, got 3\n\n"
     assert out.messages[0][-1]["content"] == fb + "Correctly solve the original question."
     assert out.used_feedback[0] and not out.used_solution[0]
@@ -67,14 +71,14 @@ def test_sdpo_feedback_only_when_no_sibling_succeeded():
     # sibling succeeded: the solution is used and the feedback is not, even though there is some
     assert out.used_solution[4] and not out.used_feedback[4] and "expected Paris" not in out.messages[4][-1]["content"]
     assert out.stats()["feedback_used_frac"] == 1 / 6
-    no_fb = sdpo_teacher_prompts(prompts, responses, scores, feedback, 3, DistillConfig(use_feedback=False))
+    no_fb = sdpo_teacher_prompts(prompts, responses, succeeded, feedback, 3, DistillConfig(use_feedback=False))
     assert not no_fb.has_target[0]
 
 
 def test_teacher_message_keeps_earlier_messages_and_replaces_last_user_turn():
     chat = [SYSTEM, {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     chat = chat + [{"role": "user", "content": "Q"}]
-    out = sdpo_teacher_prompts([chat, chat], ["x", "y"], [1.0, 0.0], [None, None], 2, DistillConfig())
+    out = sdpo_teacher_prompts([chat, chat], ["x", "y"], [True, False], [None, None], 2, DistillConfig())
     assert out.messages[1][:3] == chat[:3] and out.messages[1][3]["role"] == "user"
     assert out.messages[1][3]["content"].startswith("Q\nCorrect solution:\n\nx")
     assert len(out.messages[1]) == 4
@@ -84,13 +88,15 @@ def test_strip_think():
     assert strip_think("<think>a\nb</think>\n  Answer: 4 ") == "Answer: 4"
     assert strip_think("x <think>1</think> y <think>2</think>z") == "x  y z"
     unstripped = sdpo_teacher_prompts(
-        [user("Q")] * 2, ["<think>t</think>A", "B"], [1.0, 0.0], [None, None], 2, DistillConfig(strip_think=False)
+        [user("Q")] * 2, ["<think>t</think>A", "B"], [True, False], [None, None], 2, DistillConfig(strip_think=False)
     )
     assert "<think>t</think>A" in unstripped.messages[1][-1]["content"]
 
 
 def test_sdft_demonstration_prompt_exact():
-    out = sdft_teacher_prompts([user("What is 2+2?"), user("Q")], ["2+2=4, so 4.", None], [0.0, 1.0], DistillConfig())
+    out = sdft_teacher_prompts(
+        [user("What is 2+2?"), user("Q")], ["2+2=4, so 4.", None], [False, True], DistillConfig()
+    )
     expected = (
         "\nWhat is 2+2?\n\nThis is an example for a response to the question:\n2+2=4, so 4.\n\n"
         "Now answer with a response of your own, including the thinking process.\n"
@@ -277,7 +283,7 @@ def test_trust_region_teacher_defaults_to_the_reference_mix():
     torch.testing.assert_close(trust.logits(model, batch), 0.95 * at_start + 0.05 * now, atol=1e-6, rtol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["base", "stage_start", "ema", "lag", "trust_region"])
+@pytest.mark.parametrize("kind", ["base", "stage_start", "ema", "lag", "trust_region", "restart_freeze", "gated"])
 def test_one_copy_of_the_base_weights_with_a_teacher_attached(kind):
     model, _, frozen = tiny_model()
 
@@ -380,3 +386,125 @@ def test_auto_autocast_is_bfloat16_only_for_a_float32_model_on_a_cpu_with_bf16_i
     assert teacher_autocast_dtype(model, "bfloat16") == torch.bfloat16  # asked for explicitly
     monkeypatch.setattr(teacher_module, "cpu_has_bf16_matmul", lambda: True)
     assert teacher_autocast_dtype(model.to(torch.bfloat16), "auto") is None  # a bf16 model: nothing to gain
+
+
+# ------------------------------------------------------------------------------ refresh schedules (CGTR, StableSDPO)
+
+
+def test_gate_allows_refresh_is_cgtrs_joint_rule_at_its_boundaries():
+    # reward gain >= delta (0.25 exactly passes, just under fails) and p95 <= (1 + eps) x ref (15 exactly passes)
+    assert gate_allows_refresh(0.75, 0.5, 15.0, 10.0, delta=0.25, eps=0.5)
+    assert not gate_allows_refresh(0.75, 0.5, 15.0, 10.0, delta=0.25 + 1e-9, eps=0.5)  # not enough reward gain
+    assert not gate_allows_refresh(0.75, 0.5, 15.0 + 1e-9, 10.0, delta=0.25, eps=0.5)  # the length tail grew
+    assert not gate_allows_refresh(0.25, 0.5, 5.0, 10.0, delta=0.0, eps=0.5)  # a reward fall never refreshes
+    assert gate_allows_refresh(0.5, 0.5, 10.0, 10.0, delta=0.0, eps=0.0)  # delta 0: no worse is enough
+
+
+def test_p95_is_numpys_linear_quantile():
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 64, 333):
+        values = torch.randint(0, 500, (n,), generator=g).tolist()
+        expected = torch.quantile(torch.tensor(values, dtype=torch.float64), 0.95).item()
+        assert quantile(values, 0.95) == pytest.approx(expected, rel=1e-12, abs=1e-12)  # float64 rounding only
+
+
+# A scripted run of 10 steps, 4 rollouts a step, checked every 2 steps over a 2-step window, delta 0.25, eps 0.5:
+# (rewards, response lengths) per step. By hand (window = the last 2 steps, pooled):
+#   step 2: window {1, 2}: reward 2/8 = 0.25, p95 10 -> the baseline (no check at the baseline's own step)
+#   step 4: window {3, 4}: 5/8 = 0.625, gain 0.375 >= 0.25, p95 10 <= 15 -> refresh (refs 0.625, 10)
+#   step 6: window {5, 6}: 1.0, gain 0.375, but lengths [10 x 6, 40, 40]: p95 = 40 > 15 -> refused (length tail)
+#   step 8: window {7, 8}: 6/8 = 0.75, gain 0.125 < 0.25 -> refused (reward); refs stay those of step 4
+#   step 10: window {9, 10}: 1.0, gain 0.375; lengths [12 x 7, 14]: p95 = 12 + 0.65 x 2 = 13.3 <= 15 -> refresh
+SCRIPT = [
+    ([0, 0, 0, 1], [10] * 4),
+    ([0, 0, 1, 0], [10] * 4),
+    ([1, 1, 0, 0], [10] * 4),
+    ([1, 1, 1, 0], [10] * 4),
+    ([1, 1, 1, 1], [10, 10, 10, 40]),
+    ([1, 1, 1, 1], [10, 10, 10, 40]),
+    ([1, 1, 1, 0], [10] * 4),
+    ([1, 1, 1, 0], [10] * 4),
+    ([1, 1, 1, 1], [12] * 4),
+    ([1, 1, 1, 1], [12, 14, 12, 12]),
+]
+GATE = {"every": 2, "window": 2, "delta": 0.25, "eps": 0.5}
+REFRESH_STEPS = [4, 10]
+
+
+def test_gate_refreshes_exactly_where_its_rule_says_on_a_scripted_sequence():
+    state, refreshed, logs = GateState(), [], {}
+    for step, (rewards, lengths) in enumerate(SCRIPT, start=1):
+        before = json.dumps(state.__dict__)
+        state, refresh, log = gate_step(state, step, [float(r) for r in rewards], lengths, **GATE)
+        assert json.dumps(GateState(**json.loads(before)).__dict__) == before  # the input state is not modified
+        if refresh:
+            refreshed.append(step)
+        if log:
+            logs[step] = log
+    assert refreshed == REFRESH_STEPS
+    assert set(logs) == {2, 4, 6, 8, 10}  # the baseline and the four checks; nothing logged between
+    assert logs[2] == {"teacher_gate_baseline": 1.0, "teacher_gate_reward": 0.25, "teacher_gate_len_p95": 10.0}
+    check = ("teacher_gate_refused", "teacher_gate_reward", "teacher_gate_reward_ref", "teacher_gate_len_p95",
+             "teacher_gate_len_p95_ref", "teacher_gate_ref_step")  # fmt: skip
+    expected = {
+        4: (0.0, 0.625, 0.25, 10.0, 10.0, 2.0),
+        6: (1.0, 1.0, 0.625, 40.0, 10.0, 4.0),
+        8: (1.0, 0.75, 0.625, 10.0, 10.0, 4.0),
+        10: (0.0, 1.0, 0.625, 13.3, 10.0, 4.0),
+    }
+    for step, values in expected.items():
+        assert logs[step]["teacher_gate_check"] == 1.0
+        assert tuple(logs[step][k] for k in check) == pytest.approx(values, abs=1e-12), step
+    assert (state.reward_ref, state.p95_ref, state.ref_step) == (1.0, pytest.approx(13.3), 10)
+    assert len(state.rewards) == len(state.lengths) == 2  # only the window is kept
+
+
+def teacher_equals_student(model, teacher) -> bool:
+    t, s = lora_parameters(model, teacher.adapter), lora_parameters(model, "student")
+    return all(torch.equal(t[n], s[n.replace(".student-teacher.", ".student.")]) for n in t)
+
+
+def teacher_weights(model, teacher) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in lora_parameters(model, teacher.adapter).items()}
+
+
+def unchanged(model, teacher, before: dict[str, torch.Tensor]) -> bool:
+    return all(torch.equal(p, before[n]) for n, p in lora_parameters(model, teacher.adapter).items())
+
+
+def test_gated_teacher_copies_the_student_only_where_the_gate_opens():
+    model, _, frozen = tiny_model()
+    cfg = teacher_cfg("gated", refresh_every=GATE["every"], gate_window=GATE["window"],
+                      gate_reward_delta=GATE["delta"], gate_length_eps=GATE["eps"])  # fmt: skip
+    teacher = create_teacher(model, "student", frozen, cfg)
+    assert teacher_equals_student(model, teacher)  # the stage-start copy
+    for step, (rewards, lengths) in enumerate(SCRIPT, start=1):
+        before = teacher_weights(model, teacher)
+        perturb_student(model, 100 + step)  # the optimiser step
+        teacher.update(model, [float(r) for r in rewards], lengths)
+        if step in REFRESH_STEPS:
+            assert teacher_equals_student(model, teacher) and not unchanged(model, teacher, before), step
+        else:
+            assert unchanged(model, teacher, before) and not teacher_equals_student(model, teacher), step
+        assert teacher.stats()["teacher_refresh"] == float(step in REFRESH_STEPS)
+        assert teacher.stats().get("teacher_gate_refused") == {6: 1.0, 8: 1.0, 4: 0.0, 10: 0.0}.get(step)
+    # the whole schedule survives JSON (a checkpoint's state.json) and rebuilds an equal teacher
+    again = Teacher(**json.loads(json.dumps(teacher.state())))
+    assert again == teacher and isinstance(again.gate, GateState) and again.gate.ref_step == 10
+    with pytest.raises(ValueError, match="needs the step's training rewards"):
+        teacher.update(model)
+
+
+def test_restart_freeze_teacher_copies_the_student_exactly_every_n_steps_and_is_frozen_between():
+    model, _, frozen = tiny_model()
+    teacher = create_teacher(model, "student", frozen, teacher_cfg("restart_freeze", refresh_every=3))
+    assert teacher_equals_student(model, teacher)
+    for step in range(1, 8):
+        before = teacher_weights(model, teacher)
+        perturb_student(model, 200 + step)
+        teacher.update(model)
+        if step % 3 == 0:  # steps 3 and 6: the student as it is after the step
+            assert teacher_equals_student(model, teacher) and not unchanged(model, teacher, before), step
+        else:
+            assert unchanged(model, teacher, before) and not teacher_equals_student(model, teacher), step
+        assert teacher.stats() == {"teacher_refresh": float(step % 3 == 0)}

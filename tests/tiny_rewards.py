@@ -59,3 +59,10 @@ def char_length(text: str, example: Example) -> RewardResult:
 def raises(prompts, completions, completion_ids, **kwargs):
     """A broken TRL-style reward: it raises on every call."""
     raise ValueError("this reward is broken")
+
+
+def even_length_or_none(completions, **kwargs) -> list[float | None]:
+    """A TRL-style reward that does not apply to some samples: None for a completion of odd length, else its length
+    mod 3 (a random model's groups mix None with values)."""
+    texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
+    return [None if len(t) % 2 else float(len(t) % 3) for t in texts]

@@ -23,11 +23,12 @@ generic dataset's prompt may be rendered from its columns by `cfg.prompt_templat
 `format_patterns` are regexes of this domain's own answer-format tokens; the drift monitor counts them in other
 domains' responses to measure format leakage.
 
-The data types (`Example`, `RewardResult`, `RewardFn`, `Domain`) live in `domain.py`; the modules of this package
-import them from there, and this file only re-exports them with `load_domain`.
+The data types (`Example`, `RewardResult`, `RewardFn`, `Domain`) and `is_success` (which samples the
+self-distilling methods count as successes) live in `domain.py`; the modules of this package import them from
+there, and this file only re-exports them with `load_domain`.
 """
 
-from adaptercl.domains.domain import Domain, Example, RewardFn, RewardResult, score_samples
+from adaptercl.domains.domain import Domain, Example, RewardFn, RewardResult, is_success, score_samples
 from adaptercl.domains.loading import load_domain
 
-__all__ = ["Domain", "Example", "RewardFn", "RewardResult", "load_domain", "score_samples"]
+__all__ = ["Domain", "Example", "RewardFn", "RewardResult", "is_success", "load_domain", "score_samples"]

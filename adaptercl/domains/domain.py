@@ -1,6 +1,15 @@
 """The data types every domain shares: `Example`, `RewardResult`, `RewardFn`, `BatchRewardFn`, `Domain` and
-`MalformedRow` (a row that cannot become an example), and
-`score_samples`, which scores a batch whose samples may come from several domains (replay).
+`MalformedRow` (a row that cannot become an example), `score_samples`, which scores a batch whose samples may come
+from several domains (replay), and `is_success`, the one rule for which samples count as successes.
+
+What is correct and what is a success, decided once, at scoring time: `RewardResult.correct` is exact task success
+(the accuracy matrix, `correct_frac`); a native reward sets it itself, TRL-style rewards from the domain's
+`correct_from` functions (`trl_rewards.correct_mask`). `is_success(result, distill.success_threshold)` is what the
+self-distilling methods act on (SDPO's "Correct solution" sibling, the hybrid's failed groups, SDFT's
+`success_frac`): `correct` for TRL-style rewards, `score >= success_threshold` for native ones (whose partial
+credit stays below the default 0.5). `RewardResult.scored` is False for a sample every TRL function returned None
+for: it is neither correct nor a success, and gets advantage 0 outside its group's baseline
+(`losses.group_advantages`).
 
 A domain scores completions in one of two ways: a native reward `(text, Example) -> RewardResult` per sample (the
 builtin rewards and user rewards that return feedback for SDPO), or a batch reward over all samples at once
@@ -14,6 +23,7 @@ for the rest of the toolkit.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -53,6 +63,27 @@ class RewardResult:
     # TRL-style rewards (`trl_rewards.py`): each function's own, unweighted reward, (name, value) in the domain's
     # order, NaN where it returned None; the step log's `rewards/<name>/mean` and `/std`. Empty for a native reward.
     components: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def from_reward_funcs(self) -> bool:
+        """Scored by TRL-style reward functions (it has their per-function rewards), not by a native reward."""
+        return bool(self.components)
+
+    @property
+    def scored(self) -> bool:
+        """False when every TRL-style function returned None (TRL's "unscorable" sample); a native result always
+        is scored."""
+        return not self.components or not all(math.isnan(value) for _, value in self.components)
+
+
+def is_success(result: RewardResult, success_threshold: float) -> bool:
+    """Whether SDPO/SDFT/the hybrid count the sample a success (a sibling shown as the teacher's "Correct
+    solution"; a group with one is not failed): `correct` for TRL-style rewards (the domain's `correct_from`
+    decision, the accuracy matrix's), `score >= success_threshold` (distill.success_threshold) for a native reward.
+    Every consumer of "success" calls this."""
+    if result.from_reward_funcs:
+        return result.correct
+    return result.score >= success_threshold
 
 
 RewardFn = Callable[[str, Example], RewardResult]  # (completion text, example) -> result

@@ -21,12 +21,24 @@ and `[{"role": "assistant", "content": text}]`; standard: the user turn's text a
 the source row as a keyword list aligned with the completions (a column absent from a row is None there).
 
 How they combine (`weighted_reward`): None becomes NaN (not applicable to that sample), and the sample's reward is
-the nansum over functions of weight x reward, TRL's `sum_then_normalize`. A sample is `correct` when that reward is
->= the domain's `correct_threshold` (default 1.0). TRL rewards give no feedback (SDPO falls back to siblings and
-demonstrations). Departures from TRL, on purpose: a sample for which every function returned None scores 0 and is
-not correct (TRL >= 1.x excludes it from its group's baseline; a warning is logged either way); TRL's trainer-only
-keywords `trainer_state`, `log_extra`, `log_metric` and `environments` are not passed (the functions' defaults
-apply); `normalize_then_sum` and async reward functions are not offered.
+the nansum over functions of weight x reward, TRL's `sum_then_normalize`. A sample for which every function
+returned None is unscorable (`RewardResult.scored` False): as TRL 1.16's GRPOTrainer, it is left out of its group's
+baseline (and std) and gets advantage 0 (`losses.group_advantages`); its reward reads 0 in the logs (TRL leaves it
+out of its logged reward), and a warning is logged.
+
+What is correct (`correct_mask`): the domain's `correct_from` functions (default: the first, TRL's accuracy-first
+convention) decide it: the sum of their own, unweighted rewards (None left out) is >= `correct_threshold` (default
+1.0). So `[accuracy_reward, think_format_reward]` counts a wrong answer in the right format as wrong, whatever the
+weights, and a small length penalty beside an accuracy reward does not make right answers incorrect. That one
+decision is `RewardResult.correct`: the accuracy matrix, `correct_frac`, and the SDPO/hybrid success
+(`domain.is_success`; `distill.success_threshold` applies to native rewards only). `recipe validate` prints each
+domain's rule (`TrlRewards.correct_rule`). TRL rewards give no feedback (SDPO falls back to siblings and
+demonstrations).
+
+Departures from TRL, on purpose: TRL's trainer-only keywords `trainer_state`, `log_extra`, `log_metric` and
+`environments` are not passed (the functions' defaults apply); `normalize_then_sum` and async reward functions are
+not offered. TRL's own SDPO counts a success by the weighted reward (`success_reward_threshold`, 1.0), so a wrong
+answer with format credit can be its teacher's solution; here the correct_from decision is used.
 
 Each step's log (metrics.jsonl, the trackers) has TRL's `rewards/<name>/mean` and `rewards/<name>/std` per function
 (unweighted, over the samples where it did not return None; `metric_names`, `reward_component_stats`) beside the
@@ -84,6 +96,15 @@ def weighted_reward(per_func: torch.Tensor, weights: torch.Tensor) -> tuple[torc
     return rewards, torch.isnan(per_func).all(dim=1)  # [N], [N]
 
 
+def correct_mask(per_func: torch.Tensor, decides: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Which samples are correct: the nansum of the deciding functions' own (unweighted) rewards >= threshold; a
+    sample for which every deciding function returned None is not correct.
+
+    per_func [N, F] (NaN where a function returned None), decides [F] bool (the domain's correct_from) -> [N] bool."""
+    chosen = per_func[:, decides]  # [N, K]
+    return (chosen.nansum(dim=1) >= threshold) & ~torch.isnan(chosen).all(dim=1)  # [N]
+
+
 @dataclass
 class TrlRewards:
     """A domain's TRL-style rewards: called on a batch (`Domain.batch_reward`), or on one sample (`one`)."""
@@ -95,6 +116,7 @@ class TrlRewards:
     weights: list[float]
     correct_threshold: float
     reward_format: Literal["auto", "conversational", "standard"]
+    correct_from: tuple[int, ...] = (0,)  # indices of the functions that decide `correct` (`correct_mask`)
 
     def __call__(
         self, texts: list[str], completion_ids: list[list[int]], examples: list[Example]
@@ -128,17 +150,21 @@ class TrlRewards:
                     hint += f"if it expects {other} ones set reward_format: {other})"
                 raise RecipeError(f"{where} raised {type(err).__name__}: {err}{hint}") from err
             per_func[:, f] = torch.tensor(_column(values, n, where), dtype=torch.float32)
-        rewards, unscorable = weighted_reward(per_func, torch.tensor(self.weights, dtype=torch.float32))
+        rewards, unscorable = weighted_reward(per_func, torch.tensor(self.weights, dtype=torch.float32))  # [N], [N]
         if unscorable.any():
             log.warning(
-                "domains.%s: every reward function returned None for %d samples; they score 0",
+                "domains.%s: every reward function returned None for %d samples; they get advantage 0 and count "
+                "as neither correct nor a success",
                 self.domain,
                 int(unscorable.sum()),
             )
+        decides = torch.zeros(len(self.funcs), dtype=torch.bool)  # [F]
+        decides[list(self.correct_from)] = True
+        correct = correct_mask(per_func, decides, self.correct_threshold)  # [N]
         labels = self.metric_names()
         return [
-            RewardResult(float(r), bool(not u and r >= self.correct_threshold), components=tuple(zip(labels, row)))
-            for r, u, row in zip(rewards.tolist(), unscorable.tolist(), per_func.tolist())
+            RewardResult(float(r), bool(c), components=tuple(zip(labels, row)))
+            for r, c, row in zip(rewards.tolist(), correct.tolist(), per_func.tolist())
         ]
 
     def metric_names(self) -> list[str]:
@@ -146,6 +172,13 @@ class TrlRewards:
         wrapped function, a function's `__name__`, else its class; a name used twice gets `_<index>`."""
         names = [getattr(_unwrap(fn), "__name__", type(fn).__name__) for fn in self.funcs]
         return [f"{n}_{i}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+    def correct_rule(self) -> str:
+        """How `correct` is decided, for `recipe validate`: "correct = accuracy_reward >= 1.0 (of accuracy_reward,
+        think_format_reward)"."""
+        labels = self.metric_names()
+        deciding = " + ".join(labels[i] for i in self.correct_from)
+        return f"correct = {deciding} >= {self.correct_threshold} (of {', '.join(labels)})"
 
     def one(self, text: str, example: Example) -> RewardResult:
         """One sample through the batch call; its token ids are unknown here (None), so a function that reads
@@ -197,8 +230,18 @@ def _column(values: Any, n: int, where: str) -> list[float]:
 
 
 def load_trl_rewards(cfg: DomainConfig) -> TrlRewards | None:
-    """The domain's TRL-style rewards (imported now: a bad path or signature is one line naming the field), or None
-    when its reward is native."""
+    """The domain's TRL-style rewards (imported now: a bad path or signature, or a `correct_from` name that is not
+    one of them, is one line naming the field), or None when its reward is native."""
+    rewards = _trl_rewards(cfg)
+    if rewards is None and cfg.correct_from is not None:
+        raise RecipeError(
+            f"domains.{cfg.name}.correct_from: only TRL-style rewards (reward_funcs) take it; a native reward sets "
+            "`correct` itself"
+        )
+    return rewards
+
+
+def _trl_rewards(cfg: DomainConfig) -> TrlRewards | None:
     if cfg.reward_funcs:
         entries = [_load_entry(cfg, i, entry) for i, entry in enumerate(cfg.reward_funcs)]
         weights = cfg.reward_weights or [1.0] * len(entries)
@@ -213,7 +256,22 @@ def load_trl_rewards(cfg: DomainConfig) -> TrlRewards | None:
     else:
         return None
     names, funcs, styles = (list(column) for column in zip(*entries))
-    return TrlRewards(cfg.name, names, funcs, styles, weights, cfg.correct_threshold, cfg.reward_format)
+    rewards = TrlRewards(cfg.name, names, funcs, styles, weights, cfg.correct_threshold, cfg.reward_format)
+    rewards.correct_from = _correct_from(cfg, rewards.metric_names())
+    return rewards
+
+
+def _correct_from(cfg: DomainConfig, labels: list[str]) -> tuple[int, ...]:
+    """The indices of the functions `cfg.correct_from` names (by their step-log names), default the first."""
+    if cfg.correct_from is None:
+        return (0,)
+    unknown = [name for name in cfg.correct_from if name not in labels]
+    if unknown:
+        raise RecipeError(
+            f"domains.{cfg.name}.correct_from: no reward function named {', '.join(map(repr, unknown))}; "
+            f"the domain's functions are {', '.join(labels)}"
+        )
+    return tuple(sorted({labels.index(name) for name in cfg.correct_from}))
 
 
 def _load_entry(cfg: DomainConfig, i: int, entry: str | RewardFuncSpec) -> tuple[str, Callable, RewardStyle]:

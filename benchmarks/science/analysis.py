@@ -33,10 +33,18 @@ SCALARS = ("parameter_drift", "response_kl_to_base", "foreign_format_rate", "rew
 
 def figures(acc: torch.Tensor, cols: list[int]) -> dict[str, float | None]:
     """The bootstrapped figures of one accuracy matrix [K+1, D]: RUN_FIGURES, every cell (`cell k d`), each stage's
-    gain on its own domain (`gain k` = a[k, c_k] − a[k−1, c_k], stages 1..K; plasticity is their mean) and the
-    forgetting each stage caused (`stage_forgetting k`, stages 2..K)."""
+    gain on its own domain (`gain k` = a[k, c_k] − a[k−1, c_k], stages 1..K; plasticity is their mean), the
+    forgetting each stage caused (`stage_forgetting k`, stages 2..K), each domain's peak (`peak d` = max over the
+    rows, before training included) and the general-ability delta: each retention probe's change over the whole
+    sequence (`probe_change d` = a[K, d] − a[0, d], d never trained) and their mean (`general_delta`, None without
+    probes)."""
     cl = cl_metrics(acc, cols)
     out: dict[str, float | None] = {f: cl[f] for f in RUN_FIGURES}
+    out["general_delta"] = cl["retention"]["mean_change"]
+    for probe in cl["retention"]["probes"]:
+        out[f"probe_change {probe['column']}"] = probe["change"]
+    for d in range(acc.shape[1]):
+        out[f"peak {d}"] = acc[:, d].max().item()
     for k, c in enumerate(cols, start=1):
         out[f"gain {k}"] = (acc[k, c] - acc[k - 1, c]).item()
     for k, value in enumerate(stage_forgetting(acc, cols), start=1):
@@ -240,6 +248,19 @@ def paper_checks(summary: dict, draws: dict, lift_rows: list[dict] = ()) -> list
     return [c for c in (compare(summary, draws, *spec) for spec in specs) if c is not None]
 
 
+def goal_state(ci: list[float] | None, good: str) -> str:
+    """Whether an interval of a difference meets a goal `good` ("≤ 0" or "≥ 0"): met when it lies on the goal's side
+    (touching 0 there counts), not met when it lies strictly on the other side, undecided when 0 is inside."""
+    if ci is None:
+        return "–"
+    lo, hi = ci
+    if (hi <= 0) if good == "≤ 0" else (lo >= 0):
+        return "met"
+    if (lo > 0) if good == "≤ 0" else (hi < 0):
+        return "not met"
+    return "undecided"
+
+
 def hybrid_goal(summary: dict, draws: dict, sdpo_variants: tuple[str, ...]) -> list[dict]:
     """The hybrid's goal: forgetting no worse than GRPO's (hybrid − grpo ≤ 0) and in-domain gain at least 90 % of
     the best SDPO variant's (hybrid − 0.9 × best ≥ 0; the best by mean plasticity; when that is ≤ 0 the target is
@@ -248,16 +269,7 @@ def hybrid_goal(summary: dict, draws: dict, sdpo_variants: tuple[str, ...]) -> l
     out = []
     if "hybrid" not in summary:
         return out
-
-    def state(ci: list[float] | None, good: str) -> str:
-        if ci is None:
-            return "–"
-        lo, hi = ci
-        if (hi <= 0) if good == "≤ 0" else (lo >= 0):
-            return "met"
-        if (lo > 0) if good == "≤ 0" else (hi < 0):
-            return "not met"
-        return "undecided"
+    state = goal_state
 
     if "grpo" in summary:
         d = difference(draws, "hybrid", "grpo", "forgetting")

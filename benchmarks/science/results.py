@@ -1,25 +1,55 @@
 """Writing the science benchmark's results: results.json (every figure and interval), results.md (the tables,
-generated) and results.png (the figure), from the run records of `collect.py` and the statistics of `analysis.py`.
+generated), results.png and pareto.png (the figures, `plots.py`), from the run records of `collect.py` and the
+statistics of `analysis.py` and `headline.py`. Nothing written names a path of the machine: `replacements` (from
+run.py: the runs folder, the repo root, the probe data) are applied to every string before writing, and a Python
+interpreter's path becomes `python`.
 """
 
 from __future__ import annotations
 
-import os
+import re
 from pathlib import Path
+from typing import Any
 
 from analysis import hybrid_goal, kl_vs_forgetting, paper_checks, summarise, teacher_lift_table
+from headline import general_delta, learnable_stages, pareto_points, peak_final, versus_reference
+from plots import pareto, plot
 from provenance import command, git_revision, machine, versions
 
 from adaptercl.atomic import write_json, write_text
 
+PYTHON_PATH = re.compile(r"\S*/python[0-9.]*(?=\s|$)")  # an interpreter's path in a recorded command
+
+
+def scrub(value: Any, replacements: dict[str, str]) -> Any:
+    """`value` (JSON-like) with every string's machine paths replaced (longest first) and interpreters named
+    `python`."""
+    if isinstance(value, dict):
+        return {k: scrub(v, replacements) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrub(v, replacements) for v in value]
+    if isinstance(value, str):
+        for old in sorted(replacements, key=len, reverse=True):
+            value = value.replace(old, replacements[old])
+        return PYTHON_PATH.sub("python", value)
+    return value
+
 
 def write_results(
-    records: list[dict], out: Path, setting: dict, methods: dict, sdpo_variants: tuple, resamples: int
+    records: list[dict],
+    out: Path,
+    setting: dict,
+    methods: dict,
+    sdpo_variants: tuple,
+    resamples: int,
+    replacements: dict[str, str] | None = None,
 ) -> dict:
-    """Collect the statistics of `records` and write results.json, results.md and results.png into `out`."""
+    """Collect the statistics of `records` and write results.json, results.md, results.png and pareto.png into
+    `out`; `setting["reference"]` (default grpo) is the method the others are compared with."""
     runs: dict[str, dict[int, dict]] = {}
     for r in records:
         runs.setdefault(r["method"], {})[r["seed"]] = r
+    reference = setting.get("reference", "grpo")
     summary, draws, seeds = summarise(runs, resamples)
     lift_rows = teacher_lift_table(runs)
     data = {
@@ -33,6 +63,11 @@ def write_results(
             "machine": machine(),
             "versions": versions(with_git_revision=False),
         },
+        "headline": versus_reference(summary, draws, reference),
+        "learnable_stages": learnable_stages(summary, runs, reference),
+        "peak_final": peak_final(summary, runs),
+        "general_delta": general_delta(summary, runs),
+        "pareto": pareto_points(summary, reference),
         "summary": summary,
         "teacher_lift": lift_rows,
         "kl_vs_forgetting": kl_vs_forgetting(summary, runs, resamples),
@@ -40,10 +75,12 @@ def write_results(
         "hybrid_goal": hybrid_goal(summary, draws, sdpo_variants),
         "runs": [{k: v for k, v in r.items() if k != "correct"} for r in records],
     }
+    data = scrub(data, replacements or {})
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "results.json", data)
     write_text(out / "results.md", markdown(data, runs))
     plot(data, runs, out / "results.png")
+    pareto(data["pareto"], out / "pareto.png")
     return data
 
 
@@ -133,6 +170,7 @@ def markdown(data: dict, runs: dict[str, dict[int, dict]]) -> str:
                 f"| {name} | " + " | ".join(with_ci(s["figures"][f"cell {k} {d}"]) for d in range(len(domains))) + " |"
             )
         L.append("")
+    L += headline_md(data)
     L += teacher_lift_md(data["teacher_lift"])
     L += kl_md(data["kl_vs_forgetting"])
     L += [
@@ -168,6 +206,70 @@ def markdown(data: dict, runs: dict[str, dict[int, dict]]) -> str:
     ]
     L += runs_md(summary, runs)
     return "\n".join(L) + "\n"
+
+
+def state_cell(cell: dict | None) -> str:
+    """A paired difference with its interval and goal state, for a table cell."""
+    if cell is None:
+        return "–"
+    return f"{num(cell['difference'])}{ci(cell['ci95'])} {cell['state']}"
+
+
+def headline_md(data: dict) -> list[str]:
+    """The headline against the reference, learnable stages, the general-ability delta, peak/final/collapse."""
+    h, ref = data["headline"], data["headline"]["reference"]
+    L = [
+        f"## Headline: is there a method with ACC ≥ {ref}'s and forgetting ≤ {ref}'s?",
+        "",
+        f"**{h['answer']}**"
+        + (f" ({', '.join(h['meeting_both'])})" if h["meeting_both"] else "")
+        + f". Paired two-level bootstrap of method − {ref} (same seeds and eval examples); met: the interval lies on "
+        "the goal's side of 0 (touching it counts), not met: strictly on the other side, undecided: 0 inside. "
+        "pareto.png plots plasticity against forgetting with both intervals.",
+        "",
+        f"| method | ACC − {ref} (≥ 0) | forgetting − {ref} (≤ 0) | both | plasticity − {ref} (≥ 0) "
+        f"| general delta − {ref} (≥ 0) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in h["rows"]:
+        L.append(
+            f"| {r['method']} | {state_cell(r['acc'])} | {state_cell(r['forgetting'])} | {r['both']} | "
+            f"{state_cell(r['plasticity'])} | {state_cell(r['general_delta'])} |"
+        )
+    L += ["", f"## Is every stage learnable? ({ref}'s gain on the stage's own domain, interval above 0)", ""]
+    L += ["| stage | domain | gain [95 %] | learnable |", "|---|---|---|---|"]
+    for r in data["learnable_stages"]:
+        L.append(f"| {r['stage']} | {r['domain']} | {with_ci(r['gain'])} | {'yes' if r['learnable'] else 'no'} |")
+    L += [
+        "",
+        "## General-ability delta (retention probes no stage trains: after the sequence − before it)",
+        "",
+    ]
+    rows = data["general_delta"]
+    if rows:
+        probes = list(rows[0]["probes"])
+        L += ["| method | mean [95 %] | " + " | ".join(f"{p} (before)" for p in probes) + " |"]
+        L += ["|---|---|" + "---|" * len(probes)]
+        for r in rows:
+            cells = [f"{with_ci(r['probes'][p])} ({num(r['before'][p]['mean'])})" for p in probes]
+            L.append(f"| {r['method']} | {with_ci(r['mean'])} | " + " | ".join(cells) + " |")
+    else:
+        L.append("No retention probes in these runs.")
+    L += [
+        "",
+        "## Peak, final and collapse per domain (collapsed: final < 0.5 × peak; peak over the rows before training "
+        "and after each stage)",
+        "",
+        "| method | domain | peak [95 %] | final [95 %] | collapsed seeds | collapsed (means) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in data["peak_final"]:
+        L.append(
+            f"| {r['method']} | {r['domain']}{'' if r['trained'] else ' (probe)'} | {with_ci(r['peak'])} | "
+            f"{with_ci(r['final'])} | {r['collapsed_seeds']} of {r['seeds']} | "
+            f"{'**yes**' if r['collapsed_mean'] else 'no'} |"
+        )
+    return L + [""]
 
 
 def teacher_lift_md(rows: list[dict]) -> list[str]:
@@ -245,117 +347,3 @@ def runs_md(summary: dict, runs: dict[str, dict[int, dict]]) -> list[str]:
                 f"{with_ci(f['plasticity'])} | {'; '.join(r['guard_events']) or '–'} |"
             )
     return L + ["", "Run commands: `<run>.run.json` beside each run directory (command, start time, wall time)."]
-
-
-def plot(data: dict, runs: dict[str, dict[int, dict]], path: Path) -> None:
-    """2 x D panels: accuracy per domain over the stages (mean over seeds, 95 % band); plasticity against
-    forgetting (error bars); the teacher lift per stage; the forgetting a stage caused against its KL (fit, R²)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    summary = data["summary"]
-    first = next(iter(next(iter(runs.values())).values()))
-    domains = first["domains"]
-    stages = ["before"] + [s.split("-", 2)[-1] for s in first["stages"][1:]]
-    width = max(3, len(domains))
-    fig, axes = plt.subplots(2, width, figsize=(4.6 * width, 8.2))
-    colors = {m: plt.cm.tab10(i) for i, m in enumerate(summary)}
-    x = list(range(len(stages)))
-    for d, domain in enumerate(domains):
-        ax = axes[0][d]
-        for m, s in summary.items():
-            cells = [s["figures"][f"cell {k} {d}"] for k in x]
-            ax.plot(x, [c["mean"] for c in cells], marker="o", color=colors[m], label=f"{m} ({len(s['seeds'])} seeds)")
-            ax.fill_between(
-                x, [c["ci95"][0] for c in cells], [c["ci95"][1] for c in cells], color=colors[m], alpha=0.12
-            )
-        ax.set_xticks(x, [f"{k}\n{name}" for k, name in enumerate(stages)])
-        ax.set(title=f"{domain} (n = {first['n'][d]} per seed)", xlabel="after stage", ylabel="greedy accuracy")
-    axes[0][0].legend(fontsize=7)
-    ax = axes[1][0]
-    for m, s in summary.items():
-        p, f = s["figures"]["plasticity"], s["figures"]["forgetting"]
-        ax.errorbar(
-            p["mean"],
-            f["mean"],
-            xerr=[[p["mean"] - p["ci95"][0]], [p["ci95"][1] - p["mean"]]],
-            yerr=[[f["mean"] - f["ci95"][0]], [f["ci95"][1] - f["mean"]]],
-            fmt="o",
-            color=colors[m],
-            capsize=3,
-            label=m,
-        )
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.axvline(0, color="grey", lw=0.5)
-    ax.set(
-        xlabel="plasticity (mean gain on the stage's domain)",
-        ylabel="forgetting (Chaudhry)",
-        title="trade-off (mean over seeds, 95 %)",
-    )
-    ax.legend(fontsize=7)
-    lift_panel(axes[1][1], data["teacher_lift"], colors, len(stages) - 1)
-    kl_panel(axes[1][2], data["kl_vs_forgetting"], colors)
-    for row, used in ((0, len(domains)), (1, 3)):
-        for extra in range(used, width):
-            axes[row][extra].axis("off")
-    fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    os.replace(tmp, path)
-    plt.close(fig)
-
-
-def lift_panel(ax, rows: list[dict], colors: dict, num_stages: int) -> None:
-    methods = list(dict.fromkeys(r["method"] for r in rows))
-    bar = 0.8 / max(1, len(methods))
-    for i, m in enumerate(methods):
-        mine = [r for r in rows if r["method"] == m]
-        xs = [r["stage"] + (i - (len(methods) - 1) / 2) * bar for r in mine]
-        pooled = [r["pooled"] or {"lift": r["mean"] or 0.0, "ci95": None} for r in mine]
-        means = [p["lift"] for p in pooled]
-        lo = [p["lift"] - p["ci95"][0] if p["ci95"] else 0.0 for p in pooled]
-        hi = [p["ci95"][1] - p["lift"] if p["ci95"] else 0.0 for p in pooled]
-        ax.bar(xs, means, bar, yerr=[lo, hi], color=colors[m], capsize=3, label=m)
-    ax.axhline(0, color="grey", lw=0.5)
-    labels = {r["stage"]: f"{r['stage']}\n{r['domain']}" for r in rows}
-    ax.set_xticks(list(range(1, num_stages + 1)), [labels.get(k, str(k)) for k in range(1, num_stages + 1)])
-    ax.set(xlabel="stage", ylabel="teacher − student accuracy", title="teacher lift at stage start (pooled, 95 %)")
-    if methods:
-        ax.legend(fontsize=7)
-
-
-def kl_panel(ax, kl: dict, colors: dict) -> None:
-    markers = {2: "o", 3: "s", 4: "^", 5: "D"}
-    shown = set()
-    for p in kl["points"]:
-        err = [[p["forgetting"] - p["ci95"][0]], [p["ci95"][1] - p["forgetting"]]] if p["ci95"] else None
-        label = p["method"] if p["method"] not in shown else None
-        shown.add(p["method"])
-        ax.errorbar(
-            p["kl_token"],
-            p["forgetting"],
-            yerr=err,
-            fmt=markers.get(p["stage"], "o"),
-            color=colors.get(p["method"], "k"),
-            capsize=2,
-            alpha=0.8,
-            label=label,
-        )
-    fit = kl["fits"].get("kl_token, all stages")
-    title = "forgetting a stage caused vs its KL"
-    if fit is not None:
-        xs = sorted(p["kl_token"] for p in kl["points"])
-        ax.plot([xs[0], xs[-1]], [fit["intercept"] + fit["slope"] * v for v in (xs[0], xs[-1])], color="k", lw=1)
-        r2 = "–" if fit["r2"] is None else f"{fit['r2']:.2f}"
-        r2_ci = "" if fit["r2_ci95"] is None else " [{:.2f}, {:.2f}]".format(*fit["r2_ci95"])
-        title += f"\nR² = {r2}{r2_ci}, {fit['n']} points (o: stage 2, □: 3)"
-    ax.axhline(0, color="grey", lw=0.5)
-    ax.set(
-        xlabel="forward KL from the previous stage's policy (nats/token)",
-        ylabel="forgetting caused (a[k−1] − a[k])",
-        title=title,
-    )
-    if kl["points"]:
-        ax.legend(fontsize=7)

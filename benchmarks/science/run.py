@@ -1,18 +1,23 @@
-"""Science benchmark: the continual trade-off of GRPO, SDPO, SDFT and the hybrid on SmolLM2-135M-Instruct over three
-built-in domains (arithmetic -> mcq -> toolcall), the same budget per method, several seeds, with intervals.
+"""Science benchmark: the continual trade-off of GRPO, SDPO, SRPO, the hybrid and their continual variants on
+SmolLM2-135M-Instruct over three built-in domains (arithmetic -> mcq -> toolcall), the same budget per method, three
+seeds, with intervals, and the general-ability delta on four retention probes (ARC, BoolQ, PIQA, Winogrande).
 
 One command runs every method and seed that is not finished yet and collects everything into results.json,
-results.md and results.png beside this file:
+results.md, results.png and pareto.png beside this file:
 
-    env OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/science/run.py --runs /work/science-runs --jobs 2
-    python benchmarks/science/run.py --runs /work/science-runs --collect-only     # rebuild the results only
+    env OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/science/run.py --runs ../science-runs --jobs 2
+    python benchmarks/science/run.py --runs ../science-runs --collect-only     # rebuild the results only
 
-Each method/seed is `base.yaml` with the method's blocks (METHODS) merged over it, run as its own
-`adaptercl recipe run` process (peak memory and crashes stay separate; a finished run returns at once, an
-interrupted one resumes). The modules beside this one: `collect.py` reads a run directory, `analysis.py` takes the
-statistics (intervals over examples and seeds, KL against forgetting, the paper's directions, the hybrid's goal),
-`results.py` writes the tables and the figure. `--set KEY=VALUE` overrides base.yaml (dotted keys, YAML values),
-for a smoke test: `--set optim.steps=2 eval.examples_per_domain=8 --out /tmp/science-smoke`.
+Each method/seed is `base.yaml` with the method's blocks (METHODS) merged over it and the retention probes (PROBES,
+files under `--data`, default ../shared/data from the repo root) added, run as its own `adaptercl recipe run` process
+from the repo root (peak memory and crashes stay separate; a finished run is skipped, an interrupted one resumes; a
+finished run whose recipe differs from the one it would get now is refused, never mixed in). Every recipe is
+validated before the first run starts. The modules beside this one: `collect.py` reads a run directory,
+`analysis.py` takes the statistics (intervals over examples and seeds, KL against forgetting, the paper's directions,
+the hybrid's goal), `headline.py` the comparison with GRPO (the headline, peak/final/collapse, the general-ability
+delta, learnable stages, the Pareto points), `results.py` writes the tables and `plots.py` the figures. Outputs name
+no path of the machine: the runs folder is `<runs>`, the repo root `.`. `--set KEY=VALUE` overrides base.yaml
+(dotted keys, YAML values), for a smoke test: `--set optim.steps=2 eval.examples_per_domain=8 --out /tmp/smoke`.
 """
 
 from __future__ import annotations
@@ -37,17 +42,50 @@ sys.path.insert(0, str(HERE))
 from provenance import git_revision  # noqa: E402
 
 from adaptercl.atomic import write_json  # noqa: E402
+from adaptercl.config import RecipeError, resolve_recipe  # noqa: E402
 
 # The methods: each a block merged over base.yaml (the method name goes to every stage). The self-teacher methods
 # run the teacher's forward in bf16 where the CPU has bf16 matrix instructions (`autocast: auto`, as the shipped CPU
-# recipes); the student and the evaluation stay float32.
+# recipes); the student and the evaluation stay float32. Every method gets base.yaml's budget (steps, sequences,
+# tokens, learning rate); nothing here was chosen on the eval sets. Nothing is chosen during a run either: each stage
+# ships its final adapter (no best checkpoint), and the gated teacher's refresh decisions read the training rollouts'
+# reward on train prompts (fact-disjoint from the eval sets), never an eval set.
 AUTOCAST = {"teacher": {"autocast": "auto"}}
+CONSERVATIVE = {"l2_prev": 0.01, "replay_fraction": 0.25}  # the hybrid's continual terms (recipes/hybrid-cpu.yaml)
 METHODS: dict[str, dict] = {
     # GRPO as the toolkit's defaults (Dr.GRPO advantages, clip 0.2 / 0.28, token mean)
     "grpo": {"method": "grpo"},
+    # GRPO with a KL of weight 0.01 to the stage start (the previous stage's policy; token mean on the rollouts)
+    "grpo_kl": {"method": "grpo", "regularizers": {"kl_prev": 0.01}},
     # SDPO with the reference defaults (methods.py): EMA teacher τ 0.05, JSD α 0.5, student's top-100 + tail,
     # shown a successful sibling or format feedback; the per-sequence mean over every sample (no target = 0)
     "sdpo": {"method": "sdpo", "distill": AUTOCAST},
+    # SDPO with the gated teacher (CGTR): frozen, refreshed only on reward gain with a safe length tail. The default
+    # 10-step period cannot check within a 12-step stage: a 4-step window and period (baseline after step 4, checks
+    # at 8 and 12); δ and ε the defaults (method_config.TeacherConfig)
+    "sdpo_gated": {
+        "method": "sdpo",
+        "distill": {"teacher": {"kind": "gated", "refresh_every": 4, "autocast": "auto"}},
+    },
+    # SRPO (arXiv 2604.02288) with the method table's paper defaults (the srpo row of methods.py)
+    "srpo": {"method": "srpo", "distill": AUTOCAST},
+    # continual SRPO: SRPO's routing with the stage-start teacher and the hybrid's conservative terms (L2 0.01 to the
+    # stage-start ΔW, 1 of 4 prompts replayed from earlier domains); `gated` is the other teacher the issue names
+    "srpo_continual": {
+        "method": "srpo",
+        "distill": {"teacher": {"kind": "stage_start", "autocast": "auto"}},
+        "regularizers": CONSERVATIVE,
+    },
+    # The hybrid as shipped (recipes/hybrid-cpu.yaml): GRPO + 0.1 x sampled-token reverse KL to the stage-start
+    # policy on failed groups only (shown the demonstration or format feedback), L2 0.01 to the stage-start ΔW,
+    # 1 of the 4 prompts per step replayed from earlier domains from stage 2 on
+    "hybrid": {
+        "method": "hybrid",
+        "distill": {"support": "sampled", "alpha": 1.0, "teacher": {"kind": "stage_start", "autocast": "auto"}},
+        "hybrid": {"distill_weight": 0.1, "distill_on": "failed_groups"},
+        "regularizers": CONSERVATIVE,
+    },
+    # Not in the default sweep (the earlier collection's; run them with --methods):
     # SDPO's sparse variant: the sampled token only (needs α 1, reverse KL); otherwise as sdpo
     "sdpo_sampled": {"method": "sdpo", "distill": {"support": "sampled", "alpha": 1.0, **AUTOCAST}},
     # SDFT with the reference defaults: one sample per prompt, teacher shown the example's demonstration, EMA τ
@@ -59,17 +97,22 @@ METHODS: dict[str, dict] = {
         "rollout": {"group_size": 1},
         "optim": {"prompts_per_step": 24},
     },
-    # The hybrid as shipped (recipes/hybrid-cpu.yaml): GRPO + 0.1 x sampled-token reverse KL to the stage-start
-    # policy on failed groups only (shown the demonstration or format feedback), L2 0.01 to the stage-start ΔW,
-    # 1 of the 4 prompts per step replayed from earlier domains from stage 2 on
-    "hybrid": {
-        "method": "hybrid",
-        "distill": {"support": "sampled", "alpha": 1.0, "teacher": {"kind": "stage_start", "autocast": "auto"}},
-        "hybrid": {"distill_weight": 0.1, "distill_on": "failed_groups"},
-        "regularizers": {"l2_prev": 0.01, "replay_fraction": 0.25},
-    },
 }
-SDPO_VARIANTS = ("sdpo", "sdpo_sampled")  # the hybrid's gain is held against the best of these
+DEFAULT_METHODS = ["grpo", "grpo_kl", "sdpo", "sdpo_gated", "srpo", "srpo_continual", "hybrid"]  # issue 25's list
+SDPO_VARIANTS = ("sdpo", "sdpo_sampled", "sdpo_gated")  # the hybrid's gain is held against the best of these
+REFERENCE = "grpo"  # the method every other is compared with (the headline, the Pareto plot's marked point)
+
+# Retention probes (general ability; no stage trains them): evaluated before training and after every stage, as
+# recipes/grpo.yaml's, from local copies: (file under --data, row format). ARC-Challenge test, BoolQ / PIQA /
+# Winogrande validation. Each file is one source; its first examples_per_domain rows after a seeded shuffle are the
+# eval set (the rest, the "train" rows, are never used), so every method of a seed sees the same probe items.
+PROBES = {
+    "arc": ("arc/challenge_test.jsonl", "arc"),
+    "boolq": ("boolq/test.json", "boolq"),
+    "piqa": ("piqa/piqa.jsonl", "piqa"),
+    "winogrande": ("winogrande/winogrande.jsonl", "winogrande"),
+}
+DEFAULT_DATA = "../shared/data"  # relative to the repo root, where the runs start
 
 
 def merge(base: dict, update: dict) -> dict:
@@ -95,9 +138,30 @@ def apply_overrides(recipe: dict, overrides: list[str]) -> dict:
     return out
 
 
-def method_recipe(method: str, seed: int, runs: Path, overrides: list[str] = ()) -> dict:
-    """base.yaml (with `overrides`) and `method`'s blocks: the method on every stage, its blocks at recipe level."""
+def with_probes(recipe: dict, data: str) -> dict:
+    """`recipe` with the PROBES as domains (files under `data`; relative = to the repo root) and retention probes."""
+    out = copy.deepcopy(recipe)
+    out["domains"] += [
+        {"name": name, "source": f"{data}/{file}", "format": fmt} for name, (file, fmt) in PROBES.items()
+    ]
+    out.setdefault("eval", {})["retention_probes"] = list(PROBES)
+    return out
+
+
+def missing_probe_files(data: str) -> list[str]:
+    """The PROBES files not found under `data` (relative = to the repo root)."""
+    root = ROOT / data
+    return [file for file, _ in PROBES.values() if not (root / file).is_file()]
+
+
+def method_recipe(
+    method: str, seed: int, runs: Path, overrides: list[str] = (), data: str | None = DEFAULT_DATA
+) -> dict:
+    """base.yaml (with `overrides`) and `method`'s blocks: the method on every stage, its blocks at recipe level; the
+    retention probes from `data` (None: none)."""
     recipe = apply_overrides(yaml.safe_load((HERE / "base.yaml").read_text()), list(overrides))
+    if data is not None:
+        recipe = with_probes(recipe, data)
     spec = dict(METHODS[method])
     name = spec.pop("method")
     for stage in recipe["stages"]:
@@ -108,52 +172,87 @@ def method_recipe(method: str, seed: int, runs: Path, overrides: list[str] = ())
     return recipe
 
 
-def run_one(method: str, seed: int, runs: Path, overrides: list[str]) -> None:
-    """Run one method/seed as a subprocess (a finished run returns at once: adaptercl resumes it).
+def run_one(method: str, seed: int, runs: Path, overrides: list[str], data: str | None = DEFAULT_DATA) -> None:
+    """Run one method/seed as a subprocess from the repo root; a finished run is skipped (adaptercl would return at
+    once), one finished with another recipe is refused (SystemExit naming it).
 
     Writes `<method>-s<seed>.run.json` beside the run: the git revision it ran at (taken before it starts), the
-    command, the load average at its start, its exit code and wall time; the collection reports them per run.
+    command (machine paths replaced: `<runs>` for the runs folder), the load average at its start, its exit code and
+    wall time; the collection reports them per run.
     """
-    recipe = method_recipe(method, seed, runs, overrides)
-    Path(recipe["output_dir"]).mkdir(parents=True, exist_ok=True)
-    recipe_path = runs / f"{method}-s{seed}.yaml"
-    recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    record_path = runs / f"{method}-s{seed}.run.json"
+    recipe = method_recipe(method, seed, runs, overrides, data)
+    name = f"{method}-s{seed}"
+    recipe_path = runs / f"{name}.yaml"
+    record_path = runs / f"{name}.run.json"
     if (Path(recipe["output_dir"]) / "summary.json").is_file() and record_path.is_file():
-        print(f"{method} seed {seed}: finished earlier", flush=True)
+        if recipe_path.is_file() and yaml.safe_load(recipe_path.read_text()) != recipe:
+            raise SystemExit(
+                f"{name}: finished earlier with a different recipe ({recipe_path.name}); collect it with the settings "
+                "it ran with, or give this setting a new --runs folder"
+            )
+        print(f"{name}: finished earlier", flush=True)
         return
+    Path(recipe["output_dir"]).mkdir(parents=True, exist_ok=True)
+    recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     cmd = [sys.executable, "-m", "adaptercl.cli", "recipe", "run", str(recipe_path)]
     record = {
         "git": git_revision(short=True),
-        "command": f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} nice={os.nice(0)} " + " ".join(cmd),
+        "command": f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']} nice={os.nice(0)} "
+        f"python -m adaptercl.cli recipe run <runs>/{recipe_path.name}",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     t0 = time.perf_counter()
-    with open(runs / f"{method}-s{seed}.log", "a") as log:
+    with open(runs / f"{name}.log", "a") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT).returncode
     wall = time.perf_counter() - t0
     write_json(record_path, {**record, "exit": rc, "wall_s": round(wall, 1)})
-    print(f"{method} seed {seed}: exit {rc}, {wall / 60:.1f} min", flush=True)
+    print(f"{name}: exit {rc}, {wall / 60:.1f} min", flush=True)
+
+
+def preflight(methods: list[str], seeds: list[int], runs: Path, overrides: list[str], data: str | None) -> None:
+    """Before hours of runs: every recipe validates (one line naming the run and the field, else) and the probe
+    files exist."""
+    if data is not None and missing_probe_files(data):
+        raise SystemExit(
+            f"retention probe data not found under {data}: {', '.join(missing_probe_files(data))}; pass --data DIR "
+            "(the folder holding arc/, boolq/, piqa/, winogrande/; relative = to the repo root) or --no-probes"
+        )
+    for method in methods:
+        for seed in seeds:
+            try:
+                resolve_recipe(method_recipe(method, seed, runs, overrides, data))
+            except RecipeError as err:
+                raise SystemExit(f"{method}-s{seed}: {err}") from None
+
+
+def portable(path: Path) -> str:
+    """How an output names a folder: relative to the repo root when inside it, else `<runs>`-style by its name."""
+    resolved = path.resolve()
+    return resolved.relative_to(ROOT).as_posix() if resolved.is_relative_to(ROOT) else f"<{path.name}>"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "science", help="where the run dirs go")
     parser.add_argument("--out", type=Path, default=HERE, help="where results.json/.md/.png go")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each with OMP_NUM_THREADS=1)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="base.yaml overrides")
+    parser.add_argument("--data", default=DEFAULT_DATA, help="folder of the retention probes' files (repo-relative)")
+    parser.add_argument("--no-probes", action="store_true", help="run without the retention probes")
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the intervals")
     parser.add_argument("--collect-only", action="store_true", help="only collect the finished runs")
     args = parser.parse_args()
+    data = None if args.no_probes else args.data
     args.runs.mkdir(parents=True, exist_ok=True)
     jobs = [(m, s) for s in args.seeds for m in args.methods]
     if not args.collect_only:
+        preflight(args.methods, args.seeds, args.runs, args.set, data)
         with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda job: run_one(*job, args.runs, args.set), jobs))
+            list(pool.map(lambda job: run_one(*job, args.runs, args.set, data), jobs))
 
     from collect import collect_runs
     from results import write_results
@@ -163,8 +262,17 @@ def main() -> None:
         print(f"{name}: not finished (no summary.json; see {args.runs}/{name}.log)")
     if not runs:
         raise SystemExit(f"no finished run under {args.runs}")
-    setting = {"base": str((HERE / "base.yaml").relative_to(ROOT)), "overrides": args.set, "runs_dir": str(args.runs)}
-    write_results(runs, args.out, setting, METHODS, SDPO_VARIANTS, args.resamples)
+    setting = {
+        "base": str((HERE / "base.yaml").relative_to(ROOT)),
+        "overrides": args.set,
+        "runs_dir": portable(args.runs),
+        "probes": None if data is None else {"data": data, "files": {n: f for n, (f, _) in PROBES.items()}},
+        "reference": REFERENCE,
+    }
+    replacements = {str(args.runs.resolve()): "<runs>", str(args.runs): "<runs>", str(ROOT): "."}
+    if data is not None:
+        replacements[str((ROOT / data).resolve())] = "<data>"
+    write_results(runs, args.out, setting, METHODS, SDPO_VARIANTS, args.resamples, replacements)
     print((args.out / "results.md").read_text())
     print(json.dumps({"results": str(args.out)}))
 
