@@ -83,7 +83,8 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
         if not world.is_main:  # events, progress and trackers are rank 0's
             return _run_recipe(recipe, written, None, world)
         with tracking(recipe, on_event or (lambda kind, **info: None)) as notify:
-            notify("rollout_engine", engine=choice.engine, reason=choice.reason)
+            if choice.decided:  # an engine the recipe names is what the user wrote: nothing to say
+                notify("rollout_engine", engine=choice.engine, reason=choice.reason)
             return _run_recipe(recipe, written, notify, world)
 
 
