@@ -1,6 +1,10 @@
 """Atomic writes: every file and folder a run produces is written to a temporary name and renamed.
 
-A killed run therefore leaves either the old complete output or none, never a half-written one.
+A killed run therefore leaves either the old complete output or none, never a half-written one. Replacing a folder
+takes two renames (POSIX has no portable atomic swap of two folders): the old one is parked as `.NAME.old-PID`, then
+the new one takes its name. A kill between the two leaves no `NAME`, only the parked copy, complete;
+`recover_dir` puts it back (a reader calls it before deciding that `NAME` is absent) and deletes what an interrupted
+write left.
 """
 
 from __future__ import annotations
@@ -52,6 +56,28 @@ def read_jsonl(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def parked_dirs(target: str | Path) -> list[Path]:
+    """The copies of `target` that `atomic_dir` parked (`.NAME.old-PID`), newest first."""
+    target = Path(target)
+    parked = [p for p in target.parent.glob(f".{target.name}.old-*") if p.is_dir()]
+    return sorted(parked, key=lambda p: p.stat().st_mtime_ns, reverse=True)
+
+
+def recover_dir(target: str | Path) -> None:
+    """Undo a kill during `atomic_dir`: when `target` is missing but a parked copy of it exists (a kill between the
+    two renames), the newest parked copy (complete: it was `target` until the kill) takes the name back. What else
+    a kill left beside it is deleted: parked copies beside a present `target` (a kill while the old one was being
+    deleted) and temp folders (a kill while the new one was being written, or between the renames: it may be
+    incomplete). For a folder that no other process is writing meanwhile (a run's checkpoint)."""
+    target = Path(target)
+    parked = parked_dirs(target)
+    if parked and not target.exists():
+        os.replace(parked[0], target)
+        parked = parked[1:]
+    for stale in [*parked, *target.parent.glob(f".{target.name}.tmp-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
 
 
 class atomic_dir:

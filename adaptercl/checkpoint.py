@@ -6,6 +6,9 @@ A checkpoint folder (written whole, atomically, replacing the previous one) hold
 - `rng.pt`: torch (CPU and CUDA) and Python RNG states;
 - `state.json`: the next step to run and any extra bookkeeping (rollbacks used, LR scale, teacher counters).
 
+A checkpoint is also written at the end of the stage's training with `trained: true` in state.json: a run killed
+while the stage saves, evaluates or measures its diagnostics resumes from it straight to saving, without a step.
+
 Data order and sampling seeds are functions of (seed, stage, step), so restoring these is enough for a resumed
 stage to draw the same prompts and samples and end with the same adapters as an uninterrupted one.
 """
@@ -21,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from adaptercl.adapters import adapter_state, load_adapter_state
-from adaptercl.atomic import atomic_dir
+from adaptercl.atomic import atomic_dir, recover_dir
 
 SEPARATOR = "::"
 
@@ -71,4 +74,7 @@ def load_checkpoint(
 
 
 def has_checkpoint(path: str | Path) -> bool:
+    """Whether a checkpoint is at `path`, after putting back one that a kill left parked mid-replacement
+    (`atomic.recover_dir`): the previous checkpoint, complete, rather than none and a fresh start."""
+    recover_dir(path)
     return (Path(path) / "state.json").is_file()

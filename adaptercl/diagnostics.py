@@ -29,7 +29,8 @@ seeded sample of the stage domain's train prompts, one response each is sampled 
 taken per token (nats, logits at temperature 1). Sampling the prefixes from π_{k−1} is what makes it the forward
 KL: by the chain rule the per-response sum of these token KLs is an unbiased estimate of the sequence-level
 KL(π_{k−1} ‖ π_k) (`kl_sequence_mean`); `kl_token_mean` averages over response tokens instead. (Prefixes sampled
-from π_k would estimate neither direction.) 0 exactly when the stage left the policy unchanged.
+from π_k would estimate neither direction.) 0 exactly when the stage left the policy unchanged. The full-vocabulary
+KL is taken a few responses and a chunk of tokens at a time (`policy_divergence.py`).
 
 Isolation: every measurement runs under `isolated` (global CPU and CUDA RNGs forked, eval mode, the mode restored;
 the engines restore active adapters and trainable flags) with seeds of its own, so a run with a diagnostic on trains
@@ -38,17 +39,16 @@ bit-identical adapters to one with it off (tests/test_diagnostics.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import torch
 
-from adaptercl import metrics
-from adaptercl.adapters import active_adapters
-from adaptercl.batching import build_batch, encode_chat, response_logits
+from adaptercl.batching import build_batch, encode_chat
 from adaptercl.domains import Domain, Example, is_success
 from adaptercl.methods import METHODS
+from adaptercl.policy_divergence import ROWS_PER_FORWARD, divergence_sums, token_scores
 from adaptercl.rollout import RolloutEngine, SamplingParams
 from adaptercl.stage_context import StageContext, rollout_sampling, step_seed
 from adaptercl.stats import paired_bootstrap_interval
@@ -60,7 +60,6 @@ from adaptercl.teacher_prompts import TeacherPrompts
 LIFT_PROMPTS_SEED = 4_000_000
 LIFT_ROLLOUT_SEED = 4_000_001
 STAGE_KL_SEED = 5_000_000
-KL_CHUNK = 4  # responses per forward: the [chunk, R, V] log-probs of both policies stay small
 
 T = TypeVar("T")
 
@@ -208,9 +207,12 @@ def stage_kl(
     num_prompts: int,
     max_new_tokens: int,
     seed: int,
+    on_response: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Forward KL(π_before ‖ π_after) on `num_prompts` seeded train prompts of `domain`, one response each sampled
-    from π_before (see the module docstring); `before`/`after` are adapter lists ([] = the base)."""
+    from π_before (see the module docstring); `before`/`after` are adapter lists ([] = the base). The responses are
+    scored `ROWS_PER_FORWARD` at a time, a chunk of tokens at a time (`policy_divergence.py`); `on_response(done,
+    total)` is called after each such batch (progress, in responses)."""
     examples = seeded_sample(domain.train, num_prompts, seed)
     prompts = [encode_chat(tokenizer, ex.messages) for ex in examples]
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0, top_p=1.0, seed=seed)
@@ -218,19 +220,16 @@ def stage_kl(
     kl_sum, tokens = 0.0, 0
     with isolated(model):
         completions = [g[0] for g in engine.generate(prompts, before or None, params)]
-        for start in range(0, len(completions), KL_CHUNK):
-            chunk = completions[start : start + KL_CHUNK]
+        for start in range(0, len(completions), ROWS_PER_FORWARD):
+            chunk = completions[start : start + ROWS_PER_FORWARD]
             batch = build_batch([c.prompt_ids for c in chunk], [c.token_ids for c in chunk], tokenizer.pad_token_id)
             batch = batch.to(device)
-            count = int(batch.response_mask.sum().item())
-            if count == 0:
-                continue
-            with active_adapters(model, before or None):
-                logp_before = response_logits(model, batch).log_softmax(-1)  # [n, R, V]
-            with active_adapters(model, after):
-                logp_after = response_logits(model, batch).log_softmax(-1)  # [n, R, V]
-            kl_sum += metrics.token_kl(logp_before, logp_after, batch.response_mask) * count
-            tokens += count
+            if batch.response_mask.any():
+                p, q = token_scores(model, batch, before), token_scores(model, batch, after)
+                kl_sum += divergence_sums(p, q, ("kl",))["kl"]
+                tokens += p.tokens
+            if on_response is not None:
+                on_response(start + len(chunk), len(completions))
     return {
         "kl_token_mean": kl_sum / tokens if tokens else float("nan"),  # nats per response token
         "kl_sequence_mean": kl_sum / max(1, len(completions)),  # nats per response: the sequence-level KL

@@ -17,7 +17,9 @@ only W0 + ΔW.
 
 Response drift: greedy responses of the current policy to fixed probe prompts of every domain; mean per-token KL
 and JS to the base (adapters disabled) on those same responses, policy entropy, response length, repeated-4-gram
-rate, and the rate of *other* domains' format tokens (e.g. `\\boxed` in tool-use answers).
+rate, and the rate of *other* domains' format tokens (e.g. `\\boxed` in tool-use answers). The full-vocabulary
+terms are taken a few responses and a chunk of tokens at a time, so memory does not grow with the probes or their
+length (`policy_divergence.py`).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from typing import Literal
 import torch
 
 from adaptercl import lowrank_drift, metrics, weight_drift
-from adaptercl.adapters import active_adapters
-from adaptercl.batching import build_batch, encode_chat, response_logits
+from adaptercl.batching import build_batch, encode_chat
 from adaptercl.domains import Domain
+from adaptercl.policy_divergence import ROWS_PER_FORWARD, divergence_sums, token_scores
 from adaptercl.rollout import RolloutEngine, SamplingParams
 
 DriftMethod = Literal["auto", "exact", "lowrank"]
@@ -162,36 +164,42 @@ def response_drift(
     adapters: list[str],
     probes_per_domain: int,
     max_new_tokens: int,
-    on_domain: Callable[[int, int], None] | None = None,
+    on_probe: Callable[[int, int], None] | None = None,
 ) -> dict[str, dict[str, float]]:
-    """Per probed domain: KL/JS to the base, entropy, length, repetition and foreign-format rate.
-    `on_domain(done, total)` is called after each domain (progress)."""
+    """Per probed domain: KL/JS to the base, entropy, length, repetition and foreign-format rate. Each domain's
+    probes are answered in one generate call and scored `ROWS_PER_FORWARD` at a time, a chunk of tokens at a time
+    (`policy_divergence.py`); `on_probe(done, total)` is called after each such batch (progress, in probes)."""
     out = {}
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
+    total, done = sum(len(d.eval[:probes_per_domain]) for d in domains), 0
     for domain in domains:
         examples = domain.eval[:probes_per_domain]
         prompts = [encode_chat(tokenizer, ex.messages) for ex in examples]
         params = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
         completions = [g[0] for g in engine.generate(prompts, adapters, params)]
-        batch = build_batch(prompts, [c.token_ids for c in completions], tokenizer.pad_token_id).to(device)
-        with active_adapters(model, adapters):
-            policy_logits = response_logits(model, batch)  # [N, R, V]
-        with active_adapters(model, None):
-            base_logits = response_logits(model, batch)
-        policy_logp, base_logp = policy_logits.log_softmax(-1), base_logits.log_softmax(-1)
-        mask = batch.response_mask
+        sums, tokens = dict.fromkeys(("kl", "js", "entropy"), 0.0), 0
+        for start in range(0, len(completions), ROWS_PER_FORWARD):
+            rows = slice(start, start + ROWS_PER_FORWARD)
+            responses = [c.token_ids for c in completions[rows]]
+            batch = build_batch(prompts[rows], responses, tokenizer.pad_token_id).to(device)
+            policy, base = token_scores(model, batch, adapters), token_scores(model, batch, None)
+            for term, value in divergence_sums(policy, base, tuple(sums)).items():
+                sums[term] += value
+            tokens += policy.tokens
+            done += len(responses)
+            if on_probe is not None:
+                on_probe(done, total)
+        mean = {term: value / tokens if tokens else float("nan") for term, value in sums.items()}  # per token
         foreign = [p for other in domains if other.name != domain.name for p in other.format_patterns]
         out[domain.name] = {
-            "kl_to_base": metrics.token_kl(policy_logp, base_logp, mask),
-            "js_to_base": metrics.token_js(policy_logp, base_logp, mask),
-            "entropy": metrics.mean_entropy(policy_logits, mask),
+            "kl_to_base": mean["kl"],
+            "js_to_base": mean["js"],
+            "entropy": mean["entropy"],
             "response_tokens": sum(len(c.token_ids) for c in completions) / len(completions),
             "repetition_rate": sum(metrics.repeated_ngram_rate(c.token_ids) for c in completions) / len(completions),
             "foreign_format_rate": metrics.pattern_rate([c.text for c in completions], foreign) if foreign else 0.0,
         }
-        if on_domain is not None:
-            on_domain(len(out), len(domains))
     model.train(was_training)
     return out

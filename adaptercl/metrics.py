@@ -6,7 +6,9 @@ What this module owns:
   counts the pre-training row), plasticity and retention-probe change from an accuracy matrix a[k, j] (row k =
   after stage k, row 0 = before training; column j = domain or probe); `CL_METRIC_DEFINITIONS` states each in words;
   `stage_forgetting`, the forgetting each stage caused (against its KL from the previous policy: `stats.linear_fit`).
-- Response drift on probe prompts: `token_kl`, `token_js`, `mean_entropy`, `repeated_ngram_rate`, `pattern_rate`.
+- Response drift on probe prompts: `token_kl`, `token_js`, `mean_entropy` (and their per-token forms
+  `kl_per_token`, `js_per_token`, `entropy_per_token`, which `policy_divergence.py` runs a chunk of tokens at a
+  time), `repeated_ngram_rate`, `pattern_rate`.
 
 Parameter drift of one weight matrix is `weight_drift.py`. Nothing here touches a model, a file or a config:
 `evaluate.py` builds the accuracy matrix, `adapters.py` the ΔW, the probe runner the log-probs; results are
@@ -182,11 +184,31 @@ def _masked_mean(values: Tensor, mask: Tensor) -> float:
     return ((values * m).sum() / count).item()
 
 
-def _kl_per_token(logp_p: Tensor, logp_q: Tensor) -> Tensor:
-    """KL(p‖q) = Σ_v p_v (log p_v − log q_v) per token; [N, T, V] -> [N, T]. Terms with p_v = 0 are 0."""
-    p = logp_p.exp()  # [N, T, V]
-    terms = torch.where(p > 0, p * (logp_p - logp_q), torch.zeros_like(p))  # [N, T, V]
-    return terms.sum(dim=-1)  # [N, T]
+def as_float(x: Tensor) -> Tensor:
+    """x in at least float32 precision: half types are upcast, float32 and float64 kept (a float64 check stays so)."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
+def kl_per_token(logp_p: Tensor, logp_q: Tensor) -> Tensor:
+    """KL(p‖q) = Σ_v p_v (log p_v − log q_v) per token; [..., V] -> [...]. Terms with p_v = 0 are 0.
+
+    Two [..., V] temporaries besides the inputs (p and the terms, written in place), and a bool mask."""
+    p = logp_p.exp()  # [..., V]
+    terms = (logp_p - logp_q).mul_(p)  # [..., V]
+    return terms.masked_fill_(~(p > 0), 0.0).sum(dim=-1)  # [...]
+
+
+def js_per_token(logp_p: Tensor, logp_q: Tensor) -> Tensor:
+    """JS(p, q) = ½ KL(p‖m) + ½ KL(q‖m), m = (p + q) / 2, per token; [..., V] -> [...] (at most ln 2)."""
+    logp_m = torch.logaddexp(logp_p, logp_q).sub_(math.log(2.0))  # [..., V]
+    return 0.5 * kl_per_token(logp_p, logp_m) + 0.5 * kl_per_token(logp_q, logp_m)  # [...]
+
+
+def entropy_per_token(logp: Tensor) -> Tensor:
+    """Entropy H = −Σ_v p_v log p_v of normalised log-probs, per token; [..., V] -> [...]. Terms with p_v = 0 are 0."""
+    p = logp.exp()  # [..., V]
+    dropped = ~(p > 0)
+    return -p.mul_(logp).masked_fill_(dropped, 0.0).sum(dim=-1)  # [...]
 
 
 def token_kl(logp_p: Tensor, logp_q: Tensor, mask: Tensor) -> float:
@@ -196,7 +218,7 @@ def token_kl(logp_p: Tensor, logp_q: Tensor, mask: Tensor) -> float:
     """
     if logp_p.shape != logp_q.shape or logp_p.shape[:-1] != mask.shape:
         raise ValueError(f"shapes differ: p {list(logp_p.shape)}, q {list(logp_q.shape)}, mask {list(mask.shape)}")
-    return _masked_mean(_kl_per_token(logp_p.float(), logp_q.float()), mask)
+    return _masked_mean(kl_per_token(as_float(logp_p), as_float(logp_q)), mask)
 
 
 def token_js(logp_p: Tensor, logp_q: Tensor, mask: Tensor) -> float:
@@ -206,10 +228,7 @@ def token_js(logp_p: Tensor, logp_q: Tensor, mask: Tensor) -> float:
     """
     if logp_p.shape != logp_q.shape or logp_p.shape[:-1] != mask.shape:
         raise ValueError(f"shapes differ: p {list(logp_p.shape)}, q {list(logp_q.shape)}, mask {list(mask.shape)}")
-    lp, lq = logp_p.float(), logp_q.float()
-    logp_m = torch.logaddexp(lp, lq) - math.log(2.0)  # [N, T, V]
-    js = 0.5 * _kl_per_token(lp, logp_m) + 0.5 * _kl_per_token(lq, logp_m)  # [N, T]
-    return _masked_mean(js, mask)
+    return _masked_mean(js_per_token(as_float(logp_p), as_float(logp_q)), mask)  # [N, T] -> mean
 
 
 def mean_entropy(logits: Tensor, mask: Tensor) -> float:
@@ -219,10 +238,7 @@ def mean_entropy(logits: Tensor, mask: Tensor) -> float:
     """
     if logits.shape[:-1] != mask.shape:
         raise ValueError(f"shapes differ: logits {list(logits.shape)}, mask {list(mask.shape)}")
-    logp = torch.log_softmax(logits.float(), dim=-1)  # [N, T, V]
-    p = logp.exp()
-    entropy = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)  # [N, T]
-    return _masked_mean(entropy, mask)
+    return _masked_mean(entropy_per_token(torch.log_softmax(as_float(logits), dim=-1)), mask)  # [N, T] -> mean
 
 
 def repeated_ngram_rate(token_ids: list[int], n: int = 4) -> float:

@@ -8,8 +8,13 @@ micro-batch (`micro_batch.py`: `optim.micro_batch_size`, auto sized to the card,
 (`stage.run_stage`), save the adapter, the teacher and the combined adapter, evaluate every domain, measure drift,
 and write done.json last. Rerunning into the same directory skips finished stages (their adapters are loaded from
 disk), so a finished run is a no-op and an interrupted one continues with the first unfinished stage (mid-stage from
-its checkpoint). A recipe that appends stages or domains to the run's grows it (`run_growth.py`): only the new
-stages train, and the finished rows are completed with the new domains; any other different recipe is refused.
+its checkpoint; a stage killed after its last step, while it saved, evaluated or measured, from the checkpoint that
+marks it trained: no step runs again). A recipe that appends stages or domains to the run's grows it
+(`run_growth.py`): only the new stages train, and the finished rows are completed with the new domains; any other
+different recipe is refused. The run's identity is its stages and domains, not its folder: a run directory copied
+or moved elsewhere resumes and grows there. Each stage's done.json records the wall time of each part this process
+ran (`seconds`: teacher_lift, train, eval, lm_eval, parameter_drift, response_drift, stage_kl; drift.json has the
+last three).
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -52,6 +57,8 @@ from adaptercl.stage_context import StageContext, step_seed
 from adaptercl.teacher import create_teacher
 from adaptercl.tracking import tracking
 
+T = TypeVar("T")
+
 
 @dataclass
 class RunResult:
@@ -65,9 +72,9 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     """Run (or resume) every stage of `recipe`; return the accuracy matrix. `on_event(kind, **info)` is told of
     progress: load (before the base loads), model (loaded), engine, eval (done of total domains, once at 0 before
     the first), evaluated (the stage's eval.json row), drift (part parameter: done of total modules; part response:
-    done of total domains), lm_eval (before lm-eval's tasks run on a stage's model), stage, step (with the step's
-    kept rollout samples), skip, finished (summary.json). With `report_to`, the trackers get them too
-    (`tracking.py`).
+    done of total probes; part stage_kl: done of total responses), lm_eval (before lm-eval's tasks run on a stage's
+    model), stage, step (with the step's kept rollout samples), skip, finished (summary.json). With `report_to`, the
+    trackers get them too (`tracking.py`).
 
     Launched as N processes (torchrun, accelerate launch) it trains data-parallel (`distributed.py`): rank 0 alone
     writes the run directory and reports events; the other ranks train, evaluate and measure alongside it.
@@ -162,30 +169,40 @@ def _run_recipe(
             distributed.on_main(lambda: stage_dir.write_eval({d.name: row[d.name] for d in domains}))
 
     def drift(i: int, plan: AdapterPlan) -> dict:
-        """Parameter and response drift vs the base, and the forward KL from the previous stage's policy."""
-        out, cfg, model_adapters, stage_name = {}, recipe.eval, plan.model_adapters, run.stage(i).name
+        """Parameter and response drift vs the base, and the forward KL from the previous stage's policy; `seconds`:
+        the wall time of each."""
+        out, seconds, cfg, model_adapters, stage_name = {}, {}, recipe.eval, plan.model_adapters, run.stage(i).name
         if cfg.parameter_drift:
             on_module = progress("drift", stage_name, part="parameter")
-            out["parameter"] = parameter_drift_report(
-                model, model_adapters, base_weights, cfg.drift_top_k, cfg.drift_method, on_module
-            )
+            out["parameter"] = timed(
+                seconds, "parameter_drift", parameter_drift_report,
+                model, model_adapters, base_weights, cfg.drift_top_k, cfg.drift_method, on_module,
+            )  # fmt: skip
         if cfg.drift_probes:
             engine, n, max_tokens = engines.for_model(model), cfg.drift_probes, recipe.eval_max_new_tokens
-            on_domain = progress("drift", stage_name, part="response")
-            out["response"] = response_drift(model, tok, engine, domains, model_adapters, n, max_tokens, on_domain)
+            on_probe = progress("drift", stage_name, part="response")
+            out["response"] = timed(
+                seconds, "response_drift", response_drift,
+                model, tok, engine, domains, model_adapters, n, max_tokens, on_probe,
+            )  # fmt: skip
         if cfg.stage_kl_prompts:  # diagnostics.stage_kl: forward KL from the previous stage's policy
             stage, seed = recipe.stages[i], step_seed(recipe.seed, i, STAGE_KL_SEED)
             engine, n, domain = engines.for_model(model), cfg.stage_kl_prompts, by_name[stage.domain]
-            out["stage_kl"] = stage_kl(
-                model, tok, engine, domain, list(plan.previous), model_adapters, n, stage.rollout.max_new_tokens, seed
-            )
-        return out
+            previous, max_tokens = list(plan.previous), stage.rollout.max_new_tokens
+            on_response = progress("drift", stage_name, part="stage_kl")
+            out["stage_kl"] = timed(
+                seconds, "stage_kl", stage_kl,
+                model, tok, engine, domain, previous, model_adapters, n, max_tokens, seed, on_response,
+            )  # fmt: skip
+        return {**out, "seconds": seconds} if seconds else out
 
     if not run.before.is_done():
-        before = evaluate(BEFORE_DIR, None)  # sharded over the ranks, gathered on each
+        seconds = {}
+        before = timed(seconds, "eval", evaluate, BEFORE_DIR, None)  # sharded over the ranks, gathered on each
         distributed.on_main(lambda: run.before.write_eval(before))
-        probe_lm_eval(run.before, None)
-        distributed.on_main(lambda: run.before.mark_done({"adapters": []}))
+        if recipe.eval.lm_eval.tasks:
+            timed(seconds, "lm_eval", probe_lm_eval, run.before, None)
+        distributed.on_main(lambda: run.before.mark_done({"adapters": [], "seconds": seconds}))
     complete_row(run.before, None)
 
     for i, (stage, plan) in enumerate(zip(recipe.stages, plans)):
@@ -203,7 +220,7 @@ def _run_recipe(
                 stage_dir.metrics.unlink(missing_ok=True)
                 stage_dir.samples.unlink(missing_ok=True)
         # the self-teacher starts from the student as it is now; saved with the stage, then removed from the model
-        teacher = None
+        teacher, seconds = None, {}  # seconds: the wall time of each part of the stage this process ran
         if METHODS[stage.method].needs_teacher:
             teacher = create_teacher(model, plan.adapter, list(plan.frozen), stage.distill.teacher)
         earlier_domains = dict.fromkeys(s.domain for s in recipe.stages[:i] if s.domain != stage.domain)
@@ -233,12 +250,12 @@ def _run_recipe(
         lift_prompts = recipe.eval.teacher_lift_prompts
         needs_lift = teacher is not None and lift_prompts and not stage_dir.teacher_lift.is_file()
         if distributed.broadcast_object(needs_lift):  # before the first step; every rank measures, rank 0 writes
-            lift = teacher_lift(ctx, lift_prompts, recipe.eval_max_new_tokens)
-            distributed.on_main(partial(stage_dir.write_teacher_lift, lift))
+            lift = timed(seconds, "teacher_lift", teacher_lift, ctx, lift_prompts, recipe.eval_max_new_tokens)
+            distributed.on_main(partial(stage_dir.write_teacher_lift, {**lift, "seconds": seconds["teacher_lift"]}))
             notify("teacher_lift", stage=stage_dir.name, lift=stage_dir.read_teacher_lift())
         notify("stage", stage=stage_dir.name, steps=stage.optim.steps, method=stage.method, init=plan.init)
         t0 = time.perf_counter()
-        final = run_stage(ctx)
+        final = timed(seconds, "train", run_stage, ctx)  # a stage killed after training resumes with no step
         ad.set_trainable(model, None)
         model_adapters = plan.model_adapters
         combined: dict = {}
@@ -249,16 +266,19 @@ def _run_recipe(
             combined = write_combined_adapter(model, model_adapters, stage_dir.combined_adapter)
         if teacher is not None:
             teacher.remove(model)
-        stage_eval = evaluate(stage_dir.name, model_adapters)  # sharded over the ranks
-        probe_lm_eval(stage_dir, model_adapters)  # rank 0, before done.json
+        stage_eval = timed(seconds, "eval", evaluate, stage_dir.name, model_adapters)  # sharded over the ranks
+        if recipe.eval.lm_eval.tasks:
+            timed(seconds, "lm_eval", probe_lm_eval, stage_dir, model_adapters)  # rank 0, before done.json
         stage_drift = drift(i, plan)  # whole on every rank (same weights, same seeds), written by rank 0
+        seconds.update(stage_drift.get("seconds", {}))
         done = {
             "adapters": model_adapters,  # the adapters making up the evaluated model, in order
             "init": plan.init,
             "init_merge": init_report,  # merge init: task vectors, weights, relative Frobenius error per module
             "combined_adapter": combined,  # combined_adapter/: one PEFT adapter, ΔW = sum of `adapters`
-            "train_seconds": time.perf_counter() - t0,
+            "train_seconds": time.perf_counter() - t0,  # training, saving, evaluation and diagnostics
             "final_step": final,
+            "seconds": seconds,  # each part this process ran: teacher_lift, train, eval, lm_eval, drift parts
         }
         distributed.on_main(partial(_finish_stage, stage_dir, stage_eval, stage_drift, done))
 
@@ -282,6 +302,14 @@ def _run_recipe(
 
     distributed.on_main(finish_run)
     return _result(run)
+
+
+def timed(seconds: dict[str, float], name: str, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args), its wall time recorded as seconds[name] (the stage files' `seconds`)."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    seconds[name] = round(time.perf_counter() - t0, 3)
+    return out
 
 
 def _finish_stage(stage_dir: StageDir, stage_eval: dict, stage_drift: dict, done: dict) -> None:

@@ -15,8 +15,10 @@
                     micro_batch.json            optim.micro_batch_size set: the micro-batch trained with and why
                                                 (`micro_batch.py`; auto: the plan's peak on this card)
                     drift.json                  parameter and response drift vs the base; stage_kl: forward KL
-                                                from the previous stage's policy (`diagnostics.stage_kl`)
-                    checkpoint/                 resume point while the stage runs (removed when done)
+                                                from the previous stage's policy (`diagnostics.stage_kl`);
+                                                seconds: the wall time of each
+                    checkpoint/                 resume point while the stage runs; its last one marks the
+                                                stage trained (state.json `trained`); removed when done
     summary.json                                accuracy matrix, CL metrics (ACC, BWT, FWT, forgetting, ...)
     report.md, plots/                           the run report (`adaptercl report RUN_DIR` rebuilds it)
 

@@ -7,8 +7,10 @@ resumes the run; a recipe that *extends* it grows the run:
   stages may follow;
 - its first domains are the run's domains, field for field, and new domains may follow (new columns of the
   accuracy matrix); `eval.retention_probes` likewise keeps the run's probes first;
-- everything else (model, quantization, seed, output_dir, the rest of `eval`) is unchanged, except what only says
-  where the run reports (`FREE_FIELDS`: `report_to`, `log`): a resumed or grown run may add a tracker.
+- everything else (model, quantization, seed, the rest of `eval`) is unchanged, except what only says where the
+  run is or reports (`FREE_FIELDS`: `output_dir`, `report_to`, `log`): a run directory copied or moved elsewhere
+  resumes and grows there (its identity is its stages and domains, not its path), and a resumed or grown run may
+  add a tracker.
 
 `run.run_recipe` then trains only the new stages. The earlier rows of the accuracy matrix (before training and each
 finished stage) are completed with the new domains by evaluating them on that stage's saved adapters, so the matrix
@@ -25,7 +27,7 @@ from typing import Any
 from adaptercl.config import RecipeConfig
 
 # Recipe-level fields that change neither what is trained nor what is measured: free to change between invocations.
-FREE_FIELDS = ("report_to", "log")
+FREE_FIELDS = ("output_dir", "report_to", "log")
 HOW_TO = "keep the run's stages and domains as they were (new ones may only be appended) or choose another output_dir"
 
 

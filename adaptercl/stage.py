@@ -59,7 +59,8 @@ def make_optimizer(ctx: StageContext) -> torch.optim.Optimizer:
 
 def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None) -> dict[str, float]:
     """Train `ctx.student` for the stage's steps; append one JSON line per step to metrics.jsonl and the step's kept
-    rollout samples to samples.jsonl (`rollout_samples.py`)."""
+    rollout samples to samples.jsonl (`rollout_samples.py`). Returns the last step's metrics. The trained stage
+    ends with a checkpoint marked `trained`: a stage resumed from it runs no step and returns the same metrics."""
     stage, model, tok = ctx.stage, ctx.model, ctx.tokenizer
     if METHODS[stage.method].needs_teacher and ctx.teacher is None:
         raise ValueError(f"a {stage.method} stage needs ctx.teacher (see teacher.create_teacher)")
@@ -74,13 +75,14 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
     guard = CollapseGuard(stage.monitor)
     checkpoint_dir = files.checkpoint
     history: list[dict] = []  # this stage's step metrics, for the guard's rules
-    step = 0
-    if distributed.broadcast_object(has_checkpoint(checkpoint_dir)):  # resume where the last checkpoint left off
-        step, history = _restore(ctx, checkpoint_dir, optimizer, guard)
+    step, trained = 0, False
+    if distributed.broadcast_object(distributed.is_main() and has_checkpoint(checkpoint_dir)):  # rank 0 decides
+        step, history, trained = _restore(ctx, checkpoint_dir, optimizer, guard)  # where the last checkpoint left off
+        last = history[-1] if history else {}
     else:
         _checkpoint(ctx, checkpoint_dir, optimizer, step, guard)
     distributed.broadcast_tensors([p for n, p in model.named_parameters() if "lora_" in n])  # rank 0's adapters
-    while step < stage.optim.steps:
+    while not trained and step < stage.optim.steps:
         t0 = time.perf_counter()
         # ---- rollout: G samples for each prompt, from the current student (on top of frozen earlier adapters)
         per_step = stage.optim.prompts_per_step
@@ -172,7 +174,7 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
             event = {"event": alarm.rule, "action": action, "step": step + 1, "message": alarm.message}
             append_line(metrics_path, json.dumps(event))
         if action in ("rollback", "stop"):  # back to the last good checkpoint; stop ends the stage there
-            step, history = _restore(ctx, checkpoint_dir, optimizer, guard)
+            step, history, _ = _restore(ctx, checkpoint_dir, optimizer, guard)
             last = history[-1] if history else {}
             if action == "stop":
                 break
@@ -189,23 +191,31 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
             ctx.on_step(step, last, kept)
         if step % stage.monitor.checkpoint_every == 0 and step < stage.optim.steps:
             _checkpoint(ctx, checkpoint_dir, optimizer, step, guard)
+    if not trained:  # the trained stage (its last step, or where the guard stopped it): a resume trains no more
+        _checkpoint(ctx, checkpoint_dir, optimizer, step, guard, trained=True)
     return last
 
 
-def _checkpoint(ctx: StageContext, path: Path, optimizer, next_step: int, guard: CollapseGuard) -> None:
+def _checkpoint(
+    ctx: StageContext, path: Path, optimizer, next_step: int, guard: CollapseGuard, trained: bool = False
+) -> None:
     teacher = ctx.teacher
     adapters = [ctx.student] + ([teacher.adapter] if teacher is not None and teacher.adapter else [])
-    extra = {"rollbacks_used": guard.rollbacks_used, "teacher": teacher.state() if teacher is not None else None}
+    extra = {
+        "rollbacks_used": guard.rollbacks_used,
+        "teacher": teacher.state() if teacher is not None else None,
+        "trained": trained,
+    }
     if distributed.is_main():  # every rank holds the same weights and optimiser state; rank 0 writes them
         save_checkpoint(path, ctx.model, adapters, optimizer, next_step, extra)
     distributed.barrier()
 
 
-def _restore(ctx: StageContext, path: Path, optimizer, guard: CollapseGuard) -> tuple[int, list[dict]]:
+def _restore(ctx: StageContext, path: Path, optimizer, guard: CollapseGuard) -> tuple[int, list[dict], bool]:
     """Load the checkpoint (student, teacher, optimiser, RNG) and cut metrics.jsonl (alarm events are kept) and
     samples.jsonl back to the checkpoint's step. The LR needs nothing: it is a function of the step and the guard's
-    rollbacks. Returns (next step, step history). Every rank loads the checkpoint and reads the metrics; rank 0
-    rewrites them."""
+    rollbacks. Returns (next step, step history, whether the stage's training was over). Every rank loads the
+    checkpoint and reads the metrics; rank 0 rewrites them."""
     distributed.barrier()  # rank 0's checkpoint and metric lines are all written
     rollbacks_used = guard.rollbacks_used  # a rollback has already counted itself; a resume reads it back
     state = load_checkpoint(path, ctx.model, optimizer)
@@ -221,7 +231,7 @@ def _restore(ctx: StageContext, path: Path, optimizer, guard: CollapseGuard) -> 
         samples_path = StageDir(ctx.stage_dir).samples
         samples = [r for r in read_jsonl(samples_path) if r["step"] <= next_step]
         write_text(samples_path, "".join(json.dumps(r) + "\n" for r in samples))
-    return next_step, [r for r in kept if "event" not in r]
+    return next_step, [r for r in kept if "event" not in r], bool(state.get("trained", False))
 
 
 def _rollout_logprobs(completions: list[Completion], batch: TokenBatch) -> torch.Tensor | None:

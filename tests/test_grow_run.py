@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import re
+import shutil
 
 import pytest
 
@@ -38,10 +39,12 @@ def recipe(out, domains: list[dict], stages: list[dict], **overrides) -> dict:
 
 @pytest.fixture(scope="module")
 def grown(tmp_path_factory):
-    """A one-stage run on arith, then grown by the mcq domain and a stage training it; and the same two stages run
-    uninterrupted in another folder."""
-    out = tmp_path_factory.mktemp("grown")
-    run_recipe(resolve_recipe(recipe(out, [ARITH], [ONE])))
+    """A one-stage run on arith, moved to another folder (a run is its stages, not its path), then grown there by
+    the mcq domain and a stage training it; and the same two stages run uninterrupted in a third folder."""
+    first = tmp_path_factory.mktemp("first")
+    run_recipe(resolve_recipe(recipe(first, [ARITH], [ONE])))
+    out = tmp_path_factory.mktemp("grown") / "moved"
+    shutil.move(first, out)
     adapter = (out / "stage-01-one" / "adapter" / "adapter_model.safetensors").read_bytes()
     before_row = json.loads((out / "stage-01-one" / "eval.json").read_text())
     events = []
@@ -55,6 +58,7 @@ def grown(tmp_path_factory):
 def test_growing_trains_only_the_new_stage(grown):
     out, adapter, before_row, events, result, _ = grown
     assert ("skip", "stage-01-one") in events and ("stage", "stage-02-two") in events
+    assert f"output_dir: {out}" in (out / "recipe.resolved.yaml").read_text()  # the moved run, recorded where it is
     assert ("stage", "stage-01-one") not in events
     assert (out / "stage-01-one" / "adapter" / "adapter_model.safetensors").read_bytes() == adapter  # untouched
     assert (out / "stage-02-two" / "done.json").is_file()

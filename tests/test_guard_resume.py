@@ -102,6 +102,21 @@ def test_a_nonfinite_sdpo_step_with_the_ema_teacher_is_skipped_and_the_guard_act
         assert weights and all(torch.isfinite(v).all() for v in weights.values()), part
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted 4-step run of `one_stage`, for the resumed ones to equal."""
+    out = tmp_path_factory.mktemp("reference")
+    run_recipe(resolve_recipe(one_stage(out, steps=4)))
+    return out
+
+
+def assert_same_adapters(a_run: Path, b_run: Path) -> None:
+    """The student's and the teacher's saved adapters of the two runs are byte-identical (and so are their tensors)."""
+    for part in ("adapter/adapter_model.safetensors", "teacher/adapter/adapter_model.safetensors"):
+        a, b = a_run / "stage-01-one" / part, b_run / "stage-01-one" / part
+        assert a.read_bytes() == b.read_bytes(), part
+
+
 # The teachers whose state a resume must restore: the EMA (its adapter), restart_freeze (its clock: copies at steps 2
 # and 4) and gated (its window and references: a 2-step baseline, then a check every step; a lost window or baseline
 # would take the baseline again after the resume, which the teacher_* metrics show whatever the rewards are).
@@ -149,10 +164,7 @@ def test_killed_run_resumes_to_bit_identical_adapters(tmp_path, kind):
     assert not (killed / "stage-01-one" / "done.json").exists(), "the run finished before it could be killed"
 
     run_recipe(resolve_recipe(with_teacher(one_stage(killed, steps=4), kind)))
-    for part in ("adapter/adapter_model.safetensors", "teacher/adapter/adapter_model.safetensors"):
-        a = load_file(str(reference / "stage-01-one" / part))
-        b = load_file(str(killed / "stage-01-one" / part))
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+    assert_same_adapters(reference, killed)
     steps = [r["step"] for r in read_jsonl(metrics) if "event" not in r]
     assert steps == [1, 2, 3, 4]
     samples = read_jsonl(killed / "stage-01-one" / "samples.jsonl")  # resume = uninterrupted, sample for sample
@@ -168,6 +180,102 @@ def test_killed_run_resumes_to_bit_identical_adapters(tmp_path, kind):
         assert (
             teacher["gate"] == json.loads((killed / "stage-01-one" / "teacher" / "teacher.json").read_text())["gate"]
         )
+
+
+def test_a_run_killed_after_training_resumes_without_a_step(tmp_path, reference, monkeypatch):
+    # killed while the trained stage measures its diagnostics (here: response drift raises): the resume goes
+    # straight to saving and evaluating, from the checkpoint that marks the stage trained
+    from adaptercl import run as run_module
+
+    def killed(*args, **kwargs):
+        raise RuntimeError("killed during response drift")
+
+    out = tmp_path / "run"
+    with monkeypatch.context() as patch:
+        patch.setattr(run_module, "response_drift", killed)
+        with pytest.raises(RuntimeError, match="killed during response drift"):
+            run_recipe(resolve_recipe(one_stage(out, steps=4)))
+    stage_dir = out / "stage-01-one"
+    assert not (stage_dir / "done.json").exists() and (stage_dir / "checkpoint" / "state.json").is_file()
+    trained_metrics, trained_samples = (
+        (stage_dir / "metrics.jsonl").read_bytes(),
+        read_jsonl(stage_dir / "samples.jsonl"),
+    )
+
+    steps_run, original = [], stage_module.train_on_batch
+    monkeypatch.setattr(stage_module, "train_on_batch", lambda *a, **k: steps_run.append(1) or original(*a, **k))
+    events = []
+    run_recipe(resolve_recipe(one_stage(out, steps=4)), on_event=lambda kind, **info: events.append(kind))
+    assert steps_run == [] and "step" not in events and "stage" in events  # no training step ran on resume
+    assert_same_adapters(reference, out)  # byte-identical to the uninterrupted run's
+    assert (stage_dir / "metrics.jsonl").read_bytes() == trained_metrics  # the training's lines, kept as they were
+    assert (
+        read_jsonl(stage_dir / "samples.jsonl")
+        == trained_samples
+        == read_jsonl(reference / "stage-01-one" / "samples.jsonl")
+    )
+    done = json.loads((stage_dir / "done.json").read_text())
+    assert done["final_step"] == read_jsonl(stage_dir / "metrics.jsonl")[-1] and done["final_step"]["step"] == 4
+    for name in ("eval.json", "drift.json"):  # the measurements equal the uninterrupted run's
+        ours, theirs = (json.loads((d / "stage-01-one" / name).read_text()) for d in (out, reference))
+        ours.pop("seconds", None), theirs.pop("seconds", None)
+        assert ours == theirs, name
+    assert not (stage_dir / "checkpoint").exists()
+
+
+KILL_BETWEEN_RENAMES = """
+import os, sys
+from pathlib import Path
+
+import yaml
+
+from adaptercl import atomic
+from adaptercl.config import resolve_recipe
+from adaptercl.run import run_recipe
+
+
+class KilledOs:
+    # `os` as atomic.py sees it: the process dies where the 3rd checkpoint (after step 2) would take the name of the
+    # 2nd, which is already parked as .checkpoint.old-PID: between atomic_dir's two renames
+    renames = 0
+
+    def __getattr__(self, name):
+        return getattr(os, name)
+
+    def replace(self, src, dst):
+        if Path(dst).name == "checkpoint" and Path(src).name.startswith(".checkpoint.tmp-"):
+            KilledOs.renames += 1
+            if KilledOs.renames == 3:
+                os._exit(9)
+        os.replace(src, dst)
+
+
+atomic.os = KilledOs()
+run_recipe(resolve_recipe(yaml.safe_load(open(sys.argv[1]))))
+"""
+
+
+def test_a_run_killed_between_the_checkpoint_renames_resumes_from_the_parked_checkpoint(tmp_path, reference):
+    out = tmp_path / "killed"
+    recipe_file = tmp_path / "recipe.yaml"
+    recipe_file.write_text(yaml.safe_dump(one_stage(out, steps=4)))
+    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run([sys.executable, "-c", KILL_BETWEEN_RENAMES, str(recipe_file)], env=env, timeout=600)
+    assert done.returncode == 9
+    stage_dir = out / "stage-01-one"
+    assert not (stage_dir / "checkpoint").exists() and len(list(stage_dir.glob(".checkpoint.old-*"))) == 1
+    lines = (stage_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2]
+
+    events = []
+    run_recipe(resolve_recipe(one_stage(out, steps=4)), on_event=lambda kind, **info: events.append((kind, info)))
+    assert [info["step"] for kind, info in events if kind == "step"] == [2, 3, 4]  # from the parked checkpoint
+    assert (stage_dir / "metrics.jsonl").read_text().splitlines()[0] == lines[0]  # kept, not started afresh
+    assert [r["step"] for r in read_jsonl(stage_dir / "metrics.jsonl")] == [1, 2, 3, 4]
+    assert read_jsonl(stage_dir / "samples.jsonl") == read_jsonl(reference / "stage-01-one" / "samples.jsonl")
+    assert_same_adapters(reference, out)
+    assert not [p.name for p in stage_dir.iterdir() if p.name.startswith(".checkpoint")]  # nothing left behind
+    assert not (stage_dir / "checkpoint").exists()
 
 
 def test_report_renders_every_plot(tmp_path):

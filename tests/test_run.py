@@ -73,10 +73,27 @@ def test_run_reports_progress_of_loading_evaluation_and_drift(finished_run):
     for stage in ("stage-01-one", "stage-02-two"):
         drift = json.loads((out / stage / "drift.json").read_text())
         n_modules = len(drift["parameter"]["per_module"])
-        parameter = [(i["done"], i["total"]) for k, i in detailed if k == "drift" and i["stage"] == stage]
-        assert parameter[:n_modules] == [(d, n_modules) for d in range(1, n_modules + 1)]
-        assert parameter[n_modules:] == [(1, 2), (2, 2)]  # response drift: one per domain
+
+        def progress(part: str, stage: str = stage) -> list[tuple[int, int]]:
+            return [
+                (i["done"], i["total"])
+                for k, i in detailed
+                if k == "drift" and (i["stage"], i["part"]) == (stage, part)
+            ]
+
+        assert progress("parameter") == [(d, n_modules) for d in range(1, n_modules + 1)]
+        # within each: 4 probes of each of the 2 domains (eval sets of 4), 8 stage-KL responses; 4 per forward
+        assert progress("response") == [(4, 8), (8, 8)]
+        assert progress("stage_kl") == [(4, 8), (8, 8)]
+        kinds = [(k, i.get("part")) for k, i in detailed if i.get("stage") == stage and k in ("drift", "evaluated")]
+        assert kinds.index(("evaluated", None)) < kinds.index(("drift", "parameter"))
         assert drift["parameter"]["method"] == "exact" and drift["parameter"]["top_k"] == 8
+        # each diagnostic's wall time, in drift.json and with the stage's other parts in done.json
+        assert set(drift["seconds"]) == {"parameter_drift", "response_drift", "stage_kl"}
+        done = json.loads((out / stage / "done.json").read_text())
+        assert set(done["seconds"]) == {"train", "eval", "parameter_drift", "response_drift", "stage_kl"}
+        assert all(done["seconds"][k] == v > 0 for k, v in drift["seconds"].items())
+        assert sum(done["seconds"].values()) <= done["train_seconds"]  # the parts of what train_seconds spans
 
 
 def test_lora_weights_changed_and_reload_reproduces_the_evaluation(finished_run):
@@ -119,11 +136,11 @@ def test_rerun_of_a_finished_run_does_nothing(finished_run):
 
 
 def test_resume_reruns_only_the_removed_stage(finished_run, tmp_path):
+    # in a copy of the run directory: a run is its stages, not its path, so the copy resumes where it was put
     out, result, _, _ = finished_run
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     raw = tiny_recipe(copy)
-    (copy / "recipe.resolved.yaml").unlink()  # output_dir differs, so the resolved recipe is written anew
     shutil.rmtree(copy / "stage-02-two")
     stage_one = (copy / "stage-01-one" / "done.json").stat().st_mtime_ns
     events = []
@@ -134,6 +151,7 @@ def test_resume_reruns_only_the_removed_stage(finished_run, tmp_path):
     a = load_file(str(out / "stage-02-two" / "adapter" / "adapter_model.safetensors"))
     b = load_file(str(copy / "stage-02-two" / "adapter" / "adapter_model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert f"output_dir: {copy}" in (copy / "recipe.resolved.yaml").read_text()  # recorded where it now is
 
 
 def test_a_different_recipe_is_refused_for_an_existing_run(finished_run):

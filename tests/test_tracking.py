@@ -159,7 +159,7 @@ def test_progress_without_a_terminal_is_complete_lines(tracked_run):
     assert [line.split()[2] for line in steps] == ["2/3", "3/3"]  # print_every 2, and the last step
     assert all(" reward " in line and " loss " in line and line.endswith(" s/step") for line in steps)
     assert any(line.startswith("[stage-01-one] parameter drift: ") and line.endswith(" modules") for line in lines)
-    assert "[stage-02-two] response drift: 2/2 domains" in lines
+    assert "[stage-02-two] response drift: 4/4 probes" in lines  # 2 probes of each of 2 domains
     assert not any("━" in line or "…" in line for line in lines)  # no progress bar, nothing cut
 
 
