@@ -17,6 +17,10 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from adaptercl.library_notices import silence_bitsandbytes_kernels_notice
+
+silence_bitsandbytes_kernels_notice()  # before any module here imports PEFT, which imports bitsandbytes
+
 try:
     __version__ = version("adaptercl")
 except PackageNotFoundError:  # a source tree on sys.path without an install

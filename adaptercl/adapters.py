@@ -20,14 +20,18 @@ from peft import PeftModel, get_peft_model
 
 from adaptercl.atomic import atomic_dir
 from adaptercl.config import LoraConfig
+from adaptercl.library_notices import peft_wraps_quietly
+from adaptercl.lora_layers import lora_layer_indices
 
 
 def peft_lora_config(cfg: LoraConfig, num_layers: int | None = None) -> PeftLoraConfig:
+    """PEFT's LoraConfig of a `lora` block; `lora.layers` (negative from the top) as 0-based indices of a model of
+    `num_layers` decoder layers, a RecipeError for one it does not have (`lora_layers.py`)."""
     layers = None
     if cfg.layers is not None:
         if num_layers is None:
             raise ValueError("lora.layers needs the model's number of layers")
-        layers = sorted({i % num_layers for i in cfg.layers})
+        layers = lora_layer_indices(cfg.layers, num_layers)
     return PeftLoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,
@@ -49,7 +53,8 @@ def attach_adapter(model: torch.nn.Module, name: str, cfg: LoraConfig) -> PeftMo
     if isinstance(model, PeftModel):
         model.add_adapter(name, peft_cfg)
         return model
-    return get_peft_model(model, peft_cfg, adapter_name=name)
+    with peft_wraps_quietly():
+        return get_peft_model(model, peft_cfg, adapter_name=name)
 
 
 def load_adapter(model: torch.nn.Module, path: str | Path, name: str) -> PeftModel:
@@ -57,7 +62,8 @@ def load_adapter(model: torch.nn.Module, path: str | Path, name: str) -> PeftMod
     if isinstance(model, PeftModel):
         model.load_adapter(str(path), adapter_name=name, is_trainable=False)
         return model
-    return PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=False)
+    with peft_wraps_quietly():
+        return PeftModel.from_pretrained(model, str(path), adapter_name=name, is_trainable=False)
 
 
 def adapter_names(model: torch.nn.Module) -> list[str]:

@@ -24,8 +24,9 @@
                                                     serve an export with vLLM's OpenAI server, one LoRA per domain
 
 Every subcommand parses, calls one function and returns an exit code. Recipe and input problems
-(`RecipeError`) print one line `error: ...` and exit 2, never a traceback; a rollout server that is unreachable or
-fails (`RolloutServerError`) prints one line and exits 3 (the run keeps its last checkpoint: rerun to resume); a
+(`RecipeError`, a rollout server that does not answer before the run starts among them) print one line
+`error: ...` and exit 2, never a traceback; a rollout server that becomes unreachable or fails during the run
+(`RolloutServerError`) prints one line and exits 3 (the run keeps its last checkpoint: rerun to resume); a
 lost data-parallel rank (`distributed.RankLost`) prints one line and exits 1. `recipe run` under torchrun /
 accelerate launch trains data-parallel (`distributed.py`).
 """
@@ -141,7 +142,7 @@ def _recipe(args: argparse.Namespace) -> int:
         from adaptercl.preflight import decision_lines, preflight
 
         recipe, choice = resolve_engine(recipe)
-        preflight(recipe)
+        preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
         print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains); {choice.line()}")
         print("".join(f"  {line}\n" for line in decision_lines(recipe)), end="")
         return 0

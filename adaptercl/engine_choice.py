@@ -35,6 +35,8 @@ class EngineChoice:
 
     engine: str  # hf, vllm or vllm_server
     reason: str
+    decided: bool = False  # the recipe said auto and this machine decided: the run says so first
+
 
     def line(self) -> str:
         return f"rollout engine: {self.engine} ({self.reason})"
@@ -48,8 +50,8 @@ def resolve_engine(recipe: RecipeConfig) -> tuple[RecipeConfig, EngineChoice]:
         return recipe, EngineChoice(requested, "named in the recipe")
     blocker, found = _vllm_blocker(_base_needs(recipe))
     if blocker is None:
-        return with_engine(recipe, "vllm"), EngineChoice("vllm", f"auto: {found}")
-    return with_engine(recipe, "hf"), EngineChoice("hf", f"auto: {blocker}; transformers instead")
+        return with_engine(recipe, "vllm"), EngineChoice("vllm", f"auto: {found}", decided=True)
+    return with_engine(recipe, "hf"), EngineChoice("hf", f"auto: {blocker}; transformers instead", decided=True)
 
 
 def with_engine(recipe: RecipeConfig, engine: str) -> RecipeConfig:

@@ -59,17 +59,19 @@ class EvalConfig(ConfigBlock):
         "numbers), beside the generated-letter probes of retention_probes.",
     )
     teacher_lift_prompts: int = Field(
-        16,
+        8,
         ge=0,
         description="Teacher lift at the start of each stage with a self-teacher (sdpo, sdft, hybrid): seeded train "
         "prompts of the stage's domain on which the teacher's greedy accuracy with its context is compared to the "
         "student's (teacher_lift.json, report.md; diagnostics.py). 0 = off. Costs about prompts x group_size "
-        "sampled and as many greedy responses once per stage.",
+        "sampled and as many greedy responses once per stage: the rollouts of 2 x prompts / prompts_per_step "
+        "training steps. Default 8 (was 16), sized so that the diagnostics stay under a quarter of the "
+        "quickstart's time (benchmarks/quickstart/diagnostics.md); raise it for a narrower interval.",
     )
     stage_kl_prompts: int = Field(
-        16,
+        8,
         ge=0,
         description="Forward KL from the previous stage's policy after each stage (drift.json stage_kl; "
         "diagnostics.py): seeded train prompts of the stage's domain, one response each sampled from the previous "
-        "policy. 0 = off.",
+        "policy, then scored by both policies. 0 = off. Default 8 (was 16), sized as teacher_lift_prompts.",
     )

@@ -104,7 +104,8 @@ def _evaluate(
         raise RecipeError(f"eval: --out {str(out)!r} exists and is not empty; choose a new folder")
     recipe, choice = resolve_engine(recipe)  # rollout.engine auto: hf or vllm, said first
     preflight(recipe)
-    notify("rollout_engine", engine=choice.engine, reason=choice.reason)
+    if choice.decided:  # as run_recipe: said only when auto decided it
+        notify("rollout_engine", engine=choice.engine, reason=choice.reason)
     torch.manual_seed(recipe.seed)  # as run_recipe before it loads the domains
     domains = [load_domain(d, recipe.seed, recipe.eval.examples_per_domain) for d in recipe.domains]
     engines = Engines(recipe, notify)

@@ -41,6 +41,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from adaptercl.atomic import atomic_dir, write_text
 from adaptercl.config import ModelConfig, RecipeError
+from adaptercl.lora_layers import BUILTIN_LAYERS
 from adaptercl.offline import hub_model_message, is_network_failure
 
 log = logging.getLogger(__name__)
@@ -286,7 +287,7 @@ def materialize_tiny_random(root: Path) -> Path:
         vocab_size=320,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
+        num_hidden_layers=BUILTIN_LAYERS["tiny-random"],
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=32,

@@ -9,13 +9,26 @@ repeats their cache for the rows of each run (differentiably) and continues ever
 Both the training forward (`batching.response_logits`) and the rollout prefill (`rollout/hf.py`) use it. A row's
 own tokens are left-padded, so the cache is followed by masked padding and then the row's tokens; positions follow
 the attention mask, so each row sees exactly its own prompt and gets the same logits as alone, up to rounding.
+
+The key/value cache goes by the name of the installed transformers (`CACHE`): transformers 5.24 renamed
+`past_key_values` to `cache`, as the argument of `forward` and `generate` and as the output's field; the old name
+still works there but warns (FutureWarning) on every call. `output_cache(out)` reads it from an output.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def output_cache(out: Any) -> Any:
+    """The key/value cache of a model output (a transformers `Cache`), by this transformers' name for it."""
+    return getattr(out, CACHE)
 
 
 def shared_prefix_runs(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
@@ -116,7 +129,7 @@ def prefill(
 
     rest_ids, rest_mask: [N, T] what follows each row's prefix: its own tokens and response tokens for a training
     forward, its own tokens but the last for a rollout prefill (T may be 0). Returns the model output of the
-    second call, whose past_key_values hold [prefix | rest] per row, or the prefix call's output (its cache
+    second call, whose cache holds [prefix | rest] per row, or the prefix call's output (its cache
     repeated) when T is 0. `model` may also be the bare decoder (no LM head: `logits_to_keep` None), whose output
     carries `last_hidden_state` instead of logits.
     """
@@ -129,7 +142,7 @@ def prefill(
         use_cache=True,
         **head,
     )
-    prefix_out.past_key_values.batch_repeat_interleave(layout.counts)  # [U, ...] -> [N, ...], differentiable
+    output_cache(prefix_out).batch_repeat_interleave(layout.counts)  # [U, ...] -> [N, ...], differentiable
     if rest_ids.shape[1] == 0:
         return prefix_out
     mask = torch.cat([prefix_mask.repeat_interleave(layout.counts, dim=0), rest_mask], dim=1)  # [N, C+T]
@@ -137,7 +150,7 @@ def prefill(
         input_ids=rest_ids,
         attention_mask=mask,
         position_ids=(mask.cumsum(-1) - 1).clamp(min=0)[:, prefix_mask.shape[1] :],  # [N, T]
-        past_key_values=prefix_out.past_key_values,
         use_cache=True,
+        **{CACHE: output_cache(prefix_out)},
         **({} if logits_to_keep is None else {"logits_to_keep": logits_to_keep}),
     )

@@ -3,13 +3,18 @@ what a recipe says; this checks it against this machine, each problem one `Recip
 
 - `output_dir` (or a folder above it) is not a file;
 - `model.name` spelled as a local path (`/`, `.`, `~`, `.gguf`) exists;
+- every stage's `lora.layers` names layers the base has, where its config tells without a weight or a download
+  (`lora_layers.check_lora_layers`: built-in aliases, local folders, GGUF metadata, the local hub cache);
 - every domain: its builtin name, its reward (a user `pkg.module:function` is imported; every `reward_funcs` entry
   too, its signature checked as native or TRL-style), its local source file or
   folder with the split files, and its local `eval_file` exist (`domains.loading.check_domain`; URL and hub
   sources are not fetched here);
-- `rollout.engine: vllm` has vLLM installed (`vllm_server` needs none here; its server is first contacted when
-  the run starts, and its URL's form is the grammar's check; `auto` needs none: the callers resolve it first,
-  `engine_choice.resolve_engine`, and it falls back to transformers);
+- `rollout.engine: vllm` has vLLM installed (`vllm_server` needs none here; `auto` needs none: the callers resolve
+  it first, `engine_choice.resolve_engine`, and it falls back to transformers);
+- `rollout.engine: vllm_server` (with `contact_server`, as the run and `adaptercl eval` call it): the server at
+  `rollout.server.url` answers, lists the base asked for and accepts runtime LoRA loading
+  (`rollout.server_client.check_server`, retried as `rollout.server.retries` says). `recipe validate` checks the
+  recipe and this machine, not a server that may be started later: it checks only the URL's form (the grammar);
 - `eval.lm_eval.tasks`: lm-eval is installed and knows every task (its include_path exists); this imports lm-eval
   and reads its task index, a few seconds, only when tasks are set.
 - every tracker of `report_to` has its package installed (`tracking.require_trackers`).
@@ -24,31 +29,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from adaptercl.config import DomainConfig, RecipeConfig, RecipeError
+from adaptercl.config import DomainConfig, RecipeConfig, RecipeError, RolloutServerConfig
 from adaptercl.domains.builtin import BUILTINS
 from adaptercl.domains.datasets_formats import FORMATS
 from adaptercl.domains.loading import check_domain
 from adaptercl.domains.trl_rewards import load_trl_rewards
+from adaptercl.lora_layers import check_lora_layers
 from adaptercl.methods import METHODS
 from adaptercl.rollout_config import ENGINES
 from adaptercl.tracking import require_trackers
 from adaptercl.vllm_settings import require_vllm
 
 
-def preflight(recipe: RecipeConfig) -> None:
-    """Raise the first problem found as a one-line RecipeError; return None when the recipe can start."""
+def preflight(recipe: RecipeConfig, contact_server: bool = True) -> None:
+    """Raise the first problem found as a one-line RecipeError; return None when the recipe can start.
+    `contact_server`: also make the first contact with a `vllm_server` engine's server (see the module docstring)."""
     check_output_dir(recipe.output_dir)
     check_model_path(recipe.model.name)
+    check_lora_layers(recipe)
     for domain in recipe.domains:
         check_domain(domain)
-    kind = ENGINES.get(recipe.stages[0].rollout.engine)  # one engine serves every stage (config checks); auto: None
-    if kind is not None and kind.needs_local_vllm:
+    engine = ENGINES.get(recipe.stages[0].rollout.engine)  # one engine serves every stage (config checks); auto: None
+    if engine is not None and engine.needs_local_vllm:
         require_vllm()
     if recipe.eval.lm_eval.tasks:  # lm-eval's task index: a mistyped task fails here, not after stage 1
         from adaptercl.lm_eval_probes import check_tasks
 
         check_tasks(recipe.eval.lm_eval)
     require_trackers(recipe.report_to)
+    # last: it may wait out the retries of an unreachable server
+    if engine is not None and engine.needs_server and contact_server:
+        check_rollout_server(recipe.stages[0].rollout.server)
 
 
 def check_output_dir(output_dir: str) -> None:
@@ -66,6 +77,27 @@ def check_model_path(name: str) -> None:
     """A model spelled as a local path must exist (hub ids and built-in aliases are checked when loaded)."""
     if (name.startswith(("/", ".", "~")) or name.endswith(".gguf")) and not Path(name).expanduser().exists():
         raise RecipeError(f"model.name: local path {name!r} does not exist")
+
+
+def check_rollout_server(settings: RolloutServerConfig) -> None:
+    """The first contact with the rollout server, as the engine makes it, before the base model loads: a wrong
+    address, a server listing another base or one without runtime LoRA loading is one RecipeError line."""
+    from adaptercl.rollout import RolloutServerError
+    from adaptercl.rollout.server_client import ServerClient, ServerUnreachable, check_server
+
+    client = ServerClient(settings)
+    try:
+        check_server(client, "adaptercl-preflight-probe")
+    except ServerUnreachable as err:
+        raise RecipeError(
+            f"rollout.server.url: no rollout server answers at {err.url} ({err.request} failed after {err.attempts} "
+            f"attempt{'s' if err.attempts > 1 else ''}: {err.problem}); start it (`adaptercl recipe serve RECIPE` "
+            "runs the command that fits the recipe) or correct rollout.server.url"
+        ) from None
+    except RolloutServerError as err:
+        raise RecipeError(str(err)) from None
+    finally:
+        client.close()
 
 
 def decision_lines(recipe: RecipeConfig) -> list[str]:

@@ -16,13 +16,20 @@ def format_validation_error(
     err: ValidationError, raw: dict, root: type[BaseModel], root_extra_keys: tuple[str, ...] = ()
 ) -> str:
     """The first pydantic error of validating `raw` as `root` as one line: dotted field path (list items by their
-    `name`), problem, allowed values. `root_extra_keys` are keys also allowed at the top (recipe-level defaults)."""
-    first = err.errors()[0]
+    `name`), problem, allowed values (every member's, for a field of a union type such as `auto | bool`).
+    `root_extra_keys` are keys also allowed at the top (recipe-level defaults)."""
+    errors = err.errors()
+    first = errors[0]
     loc = list(first["loc"])
     path = []
     node: Any = raw
     model: Any = root
     for i, part in enumerate(loc):
+        if i and not isinstance(node, (dict, list)):  # past the value: the rest names a member of a union type
+            members = [e for e in errors if list(e["loc"][:i]) == loc[:i] and len(e["loc"]) == i + 1]
+            texts = [e["msg"].removeprefix("Value error, ") for e in members]
+            first = {**first, "msg": " or ".join([texts[0], *(t.removeprefix("Input should be ") for t in texts[1:])])}
+            break
         if isinstance(part, int) and isinstance(node, list) and part < len(node):
             item = node[part]
             label = item.get("name") if isinstance(item, dict) and isinstance(item.get("name"), str) else str(part)

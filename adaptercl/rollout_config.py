@@ -23,6 +23,7 @@ class EngineKind:
 
     home: str | None  # "module:Class" with a `from_recipe(recipe, base, model)`, one per run; None: hf, per model
     needs_local_vllm: bool  # vLLM must be importable in the trainer's process (preflight's one-line check)
+    needs_server: bool = False  # rolls out from `rollout.server` (the run's preflight contacts it before loading)
 
 
 # rollout.engine -> its kind (run.Engines builds from this table; no engine name is compared elsewhere in the run).
@@ -30,7 +31,9 @@ class EngineKind:
 ENGINES: dict[str, EngineKind] = {
     "hf": EngineKind(home=None, needs_local_vllm=False),
     "vllm": EngineKind(home="adaptercl.rollout.vllm:VLLMEngine", needs_local_vllm=True),
-    "vllm_server": EngineKind(home="adaptercl.rollout.vllm_server:VLLMServerEngine", needs_local_vllm=False),
+    "vllm_server": EngineKind(
+        home="adaptercl.rollout.vllm_server:VLLMServerEngine", needs_local_vllm=False, needs_server=True
+    ),
 }
 
 

@@ -42,6 +42,7 @@ from adaptercl.drift import BaseWeights, parameter_drift_report, response_drift
 from adaptercl.engine_choice import resolve_engine
 from adaptercl.evaluate import evaluate_all
 from adaptercl.lora_factors import write_combined_adapter
+from adaptercl.lora_layers import check_lora_layers
 from adaptercl.methods import METHODS
 from adaptercl.metrics import cl_metrics
 from adaptercl.micro_batch import choose_micro_batch
@@ -83,12 +84,14 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     written = recipe
     recipe, choice = resolve_engine(recipe)
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
+    check_lora_layers(recipe, download=True)  # a hub model not in the local cache: its config.json alone, first
     with distributed.process_group() as world:
         check_world(recipe, world)
         if not world.is_main:  # events, progress and trackers are rank 0's
             return _run_recipe(recipe, written, None, world)
         with tracking(recipe, on_event or (lambda kind, **info: None)) as notify:
-            notify("rollout_engine", engine=choice.engine, reason=choice.reason)
+            if choice.decided:  # an engine the recipe names is what the user wrote: nothing to say
+                notify("rollout_engine", engine=choice.engine, reason=choice.reason)
             return _run_recipe(recipe, written, notify, world)
 
 

@@ -378,8 +378,11 @@ def teacher_autocast_dtype(model: torch.nn.Module, setting: TeacherAutocast) -> 
 
 @functools.cache
 def cpu_has_bf16_matmul() -> bool:
-    """Whether the CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16; Linux /proc/cpuinfo flags).
-    Elsewhere, and on CPUs without them, bf16 autocast would be emulated and no faster: False."""
+    """Whether the CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16; Linux /proc/cpuinfo flags) and
+    torch's kernels use them (its CPU capability is AVX512: `ATEN_CPU_CAPABILITY=avx2`, which emulates an AVX2-only
+    CPU, turns them off). Elsewhere bf16 autocast would be emulated and no faster: False."""
+    if torch.backends.cpu.get_cpu_capability() != "AVX512":
+        return False
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:

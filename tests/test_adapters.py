@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from adaptercl.adapters import active_adapters, attach_adapter, lora_parameters, set_trainable, use_adapters
-from adaptercl.config import LoraConfig, ModelConfig
+from adaptercl.adapters import (
+    active_adapters,
+    attach_adapter,
+    lora_parameters,
+    peft_lora_config,
+    set_trainable,
+    use_adapters,
+)
+from adaptercl.config import LoraConfig, ModelConfig, RecipeError
 from adaptercl.model import load_base
 
 
@@ -16,6 +24,18 @@ def test_lora_layers_counts_from_the_top_and_only_those_layers_learn():
     assert names and all(".layers.1." in n for n in names)
     set_trainable(model, "top")
     assert {n for n, p in model.named_parameters() if p.requires_grad} == set(names)
+
+
+def test_lora_layers_out_of_range_are_refused_as_the_adapter_is_attached():
+    """The last guard (a model whose config the run could not read beforehand): the loaded model's own count. A layer
+    it lacks is one line naming the range, never wrapped (layer 2 of 2 was layer 0); in range, -2 and 0 are one."""
+    model = load_base(ModelConfig(name="tiny-random"), "none").model  # 2 decoder layers
+    with pytest.raises(RecipeError) as err:
+        attach_adapter(model, "x", LoraConfig(r=2, target_modules=["q_proj"], layers=[0, 2]))
+    assert str(err.value) == (
+        "lora.layers: layer 2 does not exist; the model has 2 layers: 0..1 (or -2..-1 counting from the top)"
+    )
+    assert peft_lora_config(LoraConfig(layers=[-2, 0, 1]), num_layers=2).layers_to_transform == [0, 1]
 
 
 def test_active_adapters_restores_active_set_and_trainable_flags():

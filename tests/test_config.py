@@ -199,3 +199,86 @@ def test_every_shipped_recipe_validates(path):
 
 def test_recipes_are_found():
     assert len(list((REPO / "recipes").rglob("*.yaml"))) >= 1
+
+
+# ------------------------------------------------------------------------- on/off fields as YAML writes them
+
+SWITCH_FIELDS = {  # every stage field whose values are words off/on/auto (with or without an int or a bool)
+    "optim.activation_checkpointing": {"off": False, "on": True, "auto": "auto"},
+    "optim.logits_chunk_size": {"off": "off", "auto": "auto"},
+    **{f"monitor.{action}": {"off": "off"} for action in
+       ("nonfinite", "divergence_collapse", "target_starvation", "repetition", "reward_collapse", "entropy_collapse")},
+}  # fmt: skip
+
+
+def switch_fields() -> set[str]:
+    """The stage fields whose type has the literal word off, on or auto next to a bool, or off/on alone (walked
+    from StageConfig), so a switch field added later is tested too."""
+    from typing import Literal, get_args, get_origin
+
+    from pydantic import BaseModel
+
+    from adaptercl.config import StageConfig
+
+    def kinds(annotation):
+        if get_origin(annotation) is Literal:
+            return set(get_args(annotation))
+        return {annotation} if not get_args(annotation) else set().union(*map(kinds, get_args(annotation)))
+
+    found = set()
+    for block, field in StageConfig.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            for name, sub in field.annotation.model_fields.items():
+                values = kinds(sub.annotation)
+                if values & {"off", "on"} or (bool in values and values & {"auto"}):
+                    found.add(f"{block}.{name}")
+    return found
+
+
+def test_the_switch_fields_are_all_tested():
+    assert switch_fields() == set(SWITCH_FIELDS)
+
+
+def switch_recipe_text(block: str, field: str, word: str) -> str:
+    """A recipe file whose recipe-level `block` sets `field` to `word` written as a user writes it (unquoted)."""
+    return (
+        "model: {name: tiny-random}\noutput_dir: runs/x\n"
+        "domains: [{name: arith, source: 'builtin:arithmetic'}]\nstages: [{name: a, domain: arith}]\n"
+        f"{block}:\n  {field}: {word}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "word"), [(p, w) for p, words in SWITCH_FIELDS.items() for w in words], ids=lambda x: str(x)
+)
+def test_switch_words_load_as_written_in_a_file_and_an_override(tmp_path, path, word):
+    """YAML 1.1 reads an unquoted off/on as a boolean: `optim.logits_chunk_size: off`, the form the messages
+    suggest, must still mean "off" (it failed: False is not 'auto', 'off' or an int), in a file and on the command
+    line alike."""
+    block, field = path.split(".")
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(switch_recipe_text(block, field, word))
+    assert getattr(getattr(load_recipe(recipe_file).stages[0], block), field) == SWITCH_FIELDS[path][word]
+    recipe_file.write_text(switch_recipe_text(block, "checkpoint_every" if block == "monitor" else "lr", 3))
+    overridden = load_recipe(recipe_file, [f"{path}={word}"])
+    assert getattr(getattr(overridden.stages[0], block), field) == SWITCH_FIELDS[path][word]
+
+
+@pytest.mark.parametrize(
+    ("path", "word", "expected"),
+    [
+        ("optim.logits_chunk_size", "on", "Input should be 'auto' or 'off' or a valid integer"),  # was chunk 1
+        ("optim.logits_chunk_size", "yes", "Input should be 'auto' or 'off' or a valid integer"),
+        ("optim.logits_chunk_size", "0", "must be 'auto', 'off' or an int >= 1, got 0"),
+        ("optim.activation_checkpointing", "maybe", "Input should be 'auto' or a valid boolean"),
+        ("monitor.repetition", "on", "Input should be 'off', 'warn', 'stop' or 'rollback'"),
+    ],
+)
+def test_a_bad_switch_value_is_one_line_naming_the_field(tmp_path, path, word, expected):
+    block, field = path.split(".")
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(switch_recipe_text(block, field, word))
+    with pytest.raises(RecipeError) as err:
+        load_recipe(recipe_file)
+    assert str(err.value).startswith(f"stages.a.{path}: {expected}"), str(err.value)
+    assert "\n" not in str(err.value)

@@ -66,6 +66,7 @@ def test_a_named_engine_is_kept(tmp_path, monkeypatch):
     recipe = resolve_recipe(tiny_recipe(tmp_path))
     resolved, choice = engine_choice.resolve_engine(recipe)
     assert resolved is recipe and choice.line() == "rollout engine: hf (named in the recipe)"
+    assert not choice.decided  # so the run does not say it (a bad input's error stays the only line)
 
 
 def test_the_plan_plans_auto_as_vllm_and_a_named_engine_as_named(tmp_path):

@@ -141,6 +141,7 @@ def teacher_metrics(run: Path) -> list[dict]:
 def test_killed_run_resumes_to_bit_identical_adapters(tmp_path, kind):
     reference = tmp_path / "reference"
     run_recipe(resolve_recipe(with_teacher(one_stage(reference, steps=4), kind)))
+
     killed = tmp_path / "killed"
     recipe_file = tmp_path / "recipe.yaml"
     recipe_file.write_text(yaml.safe_dump(with_teacher(one_stage(killed, steps=4), kind)))

@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_leaves
 from adaptercl import metrics, policy_divergence
 from adaptercl.adapters import active_adapters, attach_adapter, lora_parameters, use_adapters
 from adaptercl.batching import build_batch, encode_chat
-from adaptercl.config import LoraConfig, ModelConfig
+from adaptercl.config import LoraConfig, ModelConfig, RecipeError
 from adaptercl.diagnostics import seeded_sample, stage_kl
 from adaptercl.domain_config import DomainConfig
 from adaptercl.domains import load_domain
@@ -198,3 +198,35 @@ def test_stage_kl_equals_the_whole_tensor_computation(float64_model):
     expected = metrics.token_kl(before.log_softmax(-1), after.log_softmax(-1), batch.response_mask)
     assert got["response_tokens"] == int(batch.response_mask.sum())
     assert got["kl_token_mean"] == pytest.approx(expected, abs=MODEL_ATOL, rel=0) and expected > 1e-3
+
+
+def test_a_head_that_is_not_a_plain_linear_map_is_scored_from_the_models_own_logits(float64_model, monkeypatch):
+    # soft-capped logits or LoRA on lm_head (`model.decoder_and_head` refuses them): the model's forward gives the
+    # logits of the response tokens, and the measurement is the same
+    model, tok, engine = float64_model
+    domain = load_domain(
+        DomainConfig(name="arith", source="builtin:arithmetic", reward="tiny_rewards:digit_fraction"), 0, 2
+    )
+    args = (model, tok, engine, domain, [], ["s1"], 5, 8, 3)
+    plain = stage_kl(*args)
+
+    def refuse(model):
+        raise RecipeError("optim.logits_chunk_size: the LM head is not a plain linear map")
+
+    monkeypatch.setattr(policy_divergence, "decoder_and_head", refuse)
+    scored = []
+    original = policy_divergence.response_logits
+    monkeypatch.setattr(policy_divergence, "response_logits", lambda *a: scored.append(1) or original(*a))
+    fallback = stage_kl(*args)
+    assert len(scored) == 2 * 2  # both policies, on each of the 2 forwards (4 + 1 responses)
+    assert fallback["response_tokens"] == plain["response_tokens"]
+    # The fallback is float32 (response_logits returns float32 logits), the plain path float64 here. Per token the
+    # float32 rounding of the logits moves the KL by ≤ 2 u32 |logit|max (Lipschitz 2), and its log-softmax and sum
+    # over V by ≤ V u32 Σ_v p_v |log p_v − log q_v| ≤ V u32 · 4 |logit|max each: 8 V u32 |logit|max bounds it all.
+    prompts = [encode_chat(tok, ex.messages) for ex in seeded_sample(domain.train, 5, 3)]
+    sampled = engine.generate(prompts, None, SamplingParams(max_new_tokens=8, temperature=1.0, top_p=1.0, seed=3))
+    batch = build_batch(prompts, [g[0].token_ids for g in sampled], tok.pad_token_id)
+    largest = max(whole_tensor_logits(model, batch, a).abs().max().item() for a in (None, ["s1"]))
+    V, u32 = model.get_output_embeddings().out_features, torch.finfo(torch.float32).eps / 2
+    assert fallback["kl_token_mean"] == pytest.approx(plain["kl_token_mean"], abs=8 * V * u32 * largest, rel=0)
+    assert plain["kl_token_mean"] > 100 * 8 * V * u32 * largest  # the bound is far below the value itself

@@ -136,6 +136,7 @@ def test_the_vllm_engine_sends_one_request_per_row_with_the_rows_seed(monkeypatc
 def test_the_vllm_server_engine_sends_one_request_per_row_with_the_rows_seed(monkeypatch, tmp_path):
     from adaptercl.config import ModelConfig, RolloutServerConfig
     from adaptercl.model import load_base
+    from adaptercl.rollout import vllm_server
     from adaptercl.rollout.vllm_server import VLLMServerEngine
 
     bodies = []
@@ -144,7 +145,7 @@ def test_the_vllm_server_engine_sends_one_request_per_row_with_the_rows_seed(mon
         bodies.append(body)
         return {"choices": [{"index": 0, "token_ids": [len(bodies)], "logprobs": None}]}
 
-    monkeypatch.setattr(VLLMServerEngine, "_check_server", lambda self: "base")
+    monkeypatch.setattr(vllm_server, "check_server", lambda client, probe_name: "base")
     monkeypatch.setattr(VLLMServerEngine, "_request", answer)
     base = load_base(ModelConfig(name="tiny-random"), "none")
     settings = RolloutServerConfig(url="http://127.0.0.1:9")

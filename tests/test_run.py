@@ -82,9 +82,9 @@ def test_run_reports_progress_of_loading_evaluation_and_drift(finished_run):
             ]
 
         assert progress("parameter") == [(d, n_modules) for d in range(1, n_modules + 1)]
-        # within each: 4 probes of each of the 2 domains (eval sets of 4), 16 stage-KL responses; 4 per forward
+        # within each: 4 probes of each of the 2 domains (eval sets of 4), 8 stage-KL responses; 4 per forward
         assert progress("response") == [(4, 8), (8, 8)]
-        assert progress("stage_kl") == [(4, 16), (8, 16), (12, 16), (16, 16)]
+        assert progress("stage_kl") == [(4, 8), (8, 8)]
         kinds = [(k, i.get("part")) for k, i in detailed if i.get("stage") == stage and k in ("drift", "evaluated")]
         assert kinds.index(("evaluated", None)) < kinds.index(("drift", "parameter"))
         assert drift["parameter"]["method"] == "exact" and drift["parameter"]["top_k"] == 8

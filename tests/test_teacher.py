@@ -388,6 +388,26 @@ def test_auto_autocast_is_bfloat16_only_for_a_float32_model_on_a_cpu_with_bf16_i
     assert teacher_autocast_dtype(model.to(torch.bfloat16), "auto") is None  # a bf16 model: nothing to gain
 
 
+def test_bf16_instructions_count_only_where_torch_uses_them(monkeypatch, tmp_path):
+    """The cpuinfo flag alone is not enough: under ATEN_CPU_CAPABILITY=avx2 (how CI emulates an AVX2-only CPU)
+    torch's kernels do not use AVX512-BF16, so `auto` keeps the teacher in float32, as on that CPU."""
+    flags = {"amx_bf16": True, "avx512_bf16": True, "avx2 avx512f": False}
+    real_read_text = teacher_module.Path.read_text
+    for capability in ("AVX512", "AVX2"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        for flag, native in flags.items():
+            monkeypatch.setattr(
+                teacher_module.Path,
+                "read_text",
+                lambda self, *a, f=flag, **k: (
+                    f"flags\t: fpu {f} sse\n" if str(self) == "/proc/cpuinfo" else real_read_text(self, *a, **k)
+                ),
+            )
+            teacher_module.cpu_has_bf16_matmul.cache_clear()  # cached per process: this CPU's answer
+            assert teacher_module.cpu_has_bf16_matmul() is (native and capability == "AVX512"), (capability, flag)
+    teacher_module.cpu_has_bf16_matmul.cache_clear()
+
+
 # ------------------------------------------------------------------------------ refresh schedules (CGTR, StableSDPO)
 
 

@@ -160,6 +160,104 @@ def test_missing_local_model_path(capsys, tmp_path):
     assert code == 2 and one_error_line(err) == f"model.name: local path '{tmp_path}/model.gguf' does not exist"
 
 
+# ----------------------------------------------------------------------------- lora.layers vs the base's layers
+
+
+def layers_message(index: int, model: str, count: int) -> str:
+    return (
+        f"stages.arithmetic.lora.layers: layer {index} does not exist; {model} has {count} layers: 0..{count - 1} "
+        f"(or -{count}..-1 counting from the top)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "layers", "index", "count"),
+    [
+        ("smollm2-135m-instruct", "[100]", 100, 30),  # was layer 100 % 30 = 10, silently
+        ("smollm2-135m-instruct", "[-1, -31]", -31, 30),
+        ("tiny-random", "[0, 2]", 2, 2),
+    ],
+)
+def test_a_lora_layer_the_builtin_model_lacks_is_one_line_at_validate(capsys, model, layers, index, count):
+    code, err = validate(capsys, f"model.name={model}", f"lora.layers={layers}")
+    assert code == 2 and one_error_line(err) == layers_message(index, model, count)
+
+
+def test_lora_layers_in_range_pass_validate(capsys, tmp_path):
+    code, _ = validate(capsys, "lora.layers=[0, 29, -30]", f"output_dir={tmp_path / 'run'}")
+    assert code == 0
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["config", "text_config"])
+def test_lora_layers_of_a_local_folder_come_from_its_config_json_alone(capsys, tmp_path, nested):
+    """No weights in the folder: the count is read from config.json (a multimodal model's from its text_config)."""
+    import json
+
+    config = {"model_type": "llava", "text_config": {"num_hidden_layers": 3}} if nested else {"num_hidden_layers": 3}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code, err = validate(capsys, f"model.name={tmp_path}", "lora.layers=[-4]")
+    assert code == 2 and one_error_line(err) == layers_message(-4, str(tmp_path), 3)
+
+
+def test_lora_layers_of_a_gguf_file_come_from_its_metadata(capsys, tiny_gguf):
+    code, err = validate(capsys, f"model.name={tiny_gguf}", "lora.layers=[1, 2]")  # the tiny GGUF has 2 blocks
+    assert code == 2 and one_error_line(err) == layers_message(2, str(tiny_gguf), 2)
+
+
+def fake_hub_snapshot(cache, repo_id: str, config: dict) -> None:
+    """The local hub cache's layout of one model's config.json at `main` (models--ORG--NAME/refs, snapshots)."""
+    import json
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    (repo / "snapshots" / ("0" * 40) / "config.json").write_text(json.dumps(config))
+
+
+def test_lora_layers_of_a_hub_model_come_from_the_local_hub_cache(capsys, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    fake_hub_snapshot(tmp_path / "hub", "adaptercl-test/cached", {"num_hidden_layers": 28})
+    code, err = validate(capsys, "model.name=adaptercl-test/cached", "lora.layers=[28]")
+    assert code == 2 and one_error_line(err) == layers_message(28, "adaptercl-test/cached", 28)
+    code, err = validate(capsys, "model.name=adaptercl-test/not-cached", "lora.layers=[28]")
+    assert code == 0, err  # not knowable without a download: the run checks it before anything loads
+
+
+def test_a_run_fetches_an_uncached_hub_models_config_alone_and_refuses_before_loading(capsys, tmp_path, monkeypatch):
+    """The run path: a hub model not in the local cache. Its config.json alone is fetched (the first file
+    `from_pretrained` fetches too); the bad layer is one line, exit 2, before a weight loads or output_dir exists.
+    The hub is the one thing faked: hf_hub_download returns the config file the hub would."""
+    import json
+
+    import huggingface_hub
+
+    import adaptercl.run
+
+    fetched = []
+
+    def hf_hub_download(repo_id, filename, revision=None, **kwargs):
+        fetched.append((repo_id, filename, revision))
+        path = tmp_path / "fetched" / filename
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({"num_hidden_layers": 4}))
+        return str(path)
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("load_base was called before lora.layers was checked")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # empty
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    monkeypatch.setattr(adaptercl.run, "load_base", no_load)
+    run_dir = tmp_path / "run"
+    args = ["model.name=adaptercl-test/remote", "lora.layers=[4]", f"output_dir={run_dir}"]
+    assert main(["recipe", "run", QUICKSTART, *args]) == 2
+    assert one_error_line(capsys.readouterr().err) == layers_message(4, "adaptercl-test/remote", 4)
+    assert fetched == [("adaptercl-test/remote", "config.json", None)] and not run_dir.exists()
+
+
 # --------------------------------------------------------------------------------------------------- run time
 
 

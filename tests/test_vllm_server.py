@@ -6,7 +6,8 @@ for two adapters and both at once; a sync serves the new weights under a new nam
 the server (/v1/models, and a request naming it is refused); the server's logprobs are the trainer's; a GRPO stage
 runs end to end, and a server failure mid-stage stops it at its last checkpoint, from which a rerun finishes; a
 2-rank gloo run of it equals a 1-process run against the same server, rank 0 alone writing. An unreachable server is
-one line. The parallel sizes reach vLLM's LLM kwargs and the serve command lines.
+one line, from the run's preflight before the base loads. The parallel sizes reach vLLM's LLM kwargs and the serve
+command lines.
 """
 
 from __future__ import annotations
@@ -168,14 +169,31 @@ def test_an_unreachable_server_is_one_line(tmp_path):
     assert not (tmp_path / "adapters").exists()  # nothing written before the server answered
 
 
-def test_a_run_against_an_unreachable_server_ends_with_one_line_and_exit_3(tmp_path, capsys):
+def test_a_run_against_an_unreachable_server_ends_with_one_line_and_exit_2_before_the_base_loads(
+    tmp_path, capsys, monkeypatch
+):
+    """The preflight contacts the server (it was first contacted after the base had loaded, minutes at 7B): a closed
+    loopback port is one line and exit 2, the base is never loaded and the run directory never created."""
     import yaml
 
+    import adaptercl.run
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("load_base was called before the server was checked")
+
+    monkeypatch.setattr(adaptercl.run, "load_base", no_load)
+    port = free_port()  # bound, then closed: nothing listens there
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(yaml.safe_dump(raw_recipe(tmp_path / "run", url=f"http://127.0.0.1:{free_port()}")))
-    assert main(["recipe", "run", str(recipe)]) == 3
-    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
-    assert len(err) == 1 and err[0].startswith("error: rollout server http://127.0.0.1:"), err
+    recipe.write_text(yaml.safe_dump(raw_recipe(tmp_path / "run", url=f"http://127.0.0.1:{port}")))
+    assert main(["recipe", "run", str(recipe)]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1, out
+    assert out.err.startswith(
+        f"error: rollout.server.url: no rollout server answers at http://127.0.0.1:{port} (GET /v1/models failed "
+        "after 2 attempts: ConnectError"
+    ), out.err
+    assert out.err.rstrip().endswith("or correct rollout.server.url")
+    assert not (tmp_path / "run").exists()
 
 
 # ------------------------------------------------------------------------------------- against a real server

@@ -56,6 +56,11 @@ def char_length(text: str, example: Example) -> RewardResult:
     return RewardResult(score=len(text) / 100, correct=len(text) > 20)
 
 
+def raises(prompts, completions, completion_ids, **kwargs):
+    """A broken TRL-style reward: it raises on every call."""
+    raise ValueError("this reward is broken")
+
+
 def even_length_or_none(completions, **kwargs) -> list[float | None]:
     """A TRL-style reward that does not apply to some samples: None for a completion of odd length, else its length
     mod 3 (a random model's groups mix None with values)."""

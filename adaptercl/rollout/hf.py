@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 
 from adaptercl.adapters import active_adapters
 from adaptercl.batching import response_logprobs
-from adaptercl.prefix_sharing import prefill, prefix_layout
+from adaptercl.prefix_sharing import CACHE, output_cache, prefill, prefix_layout
 from adaptercl.rollout import Completion, SamplingParams, row_seed
 from adaptercl.rollout.folded_lora import folded_lora
 
@@ -89,12 +89,12 @@ class HFEngine:
         sequences = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
-            past_key_values=cache,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.stop_ids,
             pad_token_id=pad_id,
             repetition_penalty=1.0,  # the trainer's distribution is logits / temperature, nothing else
             **sampling,
+            **{CACHE: cache},
         ).cpu()  # [B, P + R]
         completions = []
         for i, p in enumerate(prompts):
@@ -126,7 +126,7 @@ def _prompt_inputs(
     if layout is not None:
         with torch.no_grad():
             out = prefill(model, layout, layout.own_ids[:, :-1], layout.own_mask[:, :-1], logits_to_keep=1)
-        return layout.prompt_ids(), layout.prompt_mask(), out.past_key_values  # [B, C+S], [B, C+S], cache
+        return layout.prompt_ids(), layout.prompt_mask(), output_cache(out)  # [B, C+S], [B, C+S], cache
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, P] left-padded
     attention = torch.zeros((len(prompts), width), dtype=torch.long)
