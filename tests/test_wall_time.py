@@ -108,7 +108,8 @@ def test_generation_by_hand_on_vllm_and_on_the_hf_engine():
 def test_the_recipe_estimate_adds_its_parts_by_hand():
     """hybrid.yaml with only stage KL on: training and rollouts per stage, evaluation before and after each stage,
     and stage KL's 16 sampled responses + 2 policies x 4 forwards of 4 after each stage."""
-    recipe = hybrid("eval.teacher_lift_prompts=0", "eval.drift_probes=0", "eval.parameter_drift=false")
+    recipe = hybrid("eval.teacher_lift_prompts=0", "eval.drift_probes=0", "eval.parameter_drift=false",
+                    "eval.stage_kl_prompts=16")  # fmt: skip
     rows = [7, 7, 7]
     wall = wt.estimate_wall_time(recipe, SHAPE_7B, rows)
     timer = wt.Timer(recipe, SHAPE_7B, 24, wt.CARDS["rtx4090"])
