@@ -24,9 +24,11 @@ VLLM_RUNTIME_GIB = 1.5  # vLLM's profiled activations, sampler and CUDA graphs a
 # A colocated vLLM asleep (sleep level 1, around each optimiser step): "Level 1 sleep will offload the model weights
 # and discard the KV cache" (https://docs.vllm.ai/en/latest/features/sleep_mode/; the weights go to CPU RAM). Only
 # what vLLM allocated in its sleep-mode memory pool is released: the weights (the LoRA slots with them: they are
-# made inside load_model) and the KV cache, the pool's "weights" and "kv_cache" tags (vllm/v1/worker/gpu_worker.py,
-# 0.27). Its CUDA graphs and the blocks its profiling and sampler left in torch's cache stay: assumed all of its
-# runtime (not measured; the cached blocks are the trainer's allocator's to reuse, so this is an upper bound).
+# made inside load_model) and the KV cache, the pool's "weights" and "kv_cache" tags (vllm/v1/worker/gpu_worker.py;
+# in 0.27.1 its sleep calls device_allocator/sleep_mode_backend.py CuMemBackend.suspend, which has
+# cumem.CuMemAllocator.sleep back up the "weights" allocations to CPU, release every allocation of the pool, then empty
+# torch's cache). Its CUDA graphs and the blocks its profiling and sampler left in torch's cache stay: assumed all of
+# its runtime (not measured; the cached blocks are the trainer's allocator's to reuse, so this is an upper bound).
 VLLM_ASLEEP_GIB = VLLM_RUNTIME_GIB
 PROMPT_TOKENS = 1024  # the plan's prompt assumption (recipe plan --prompt-tokens), also vLLM's auto share's
 
