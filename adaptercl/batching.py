@@ -20,7 +20,6 @@ import torch
 
 from adaptercl.model import checkpointing_active, decoder_and_head
 from adaptercl.prefix_sharing import prefill, prefix_layout
-from adaptercl.rollout import Completion
 
 log = logging.getLogger(__name__)
 
@@ -159,18 +158,6 @@ def _prefix_shared_forward(model: torch.nn.Module, batch: TokenBatch, logits_to_
     rest_ids = torch.cat([layout.own_ids, batch.input_ids[:, p_width:-1]], dim=1)  # [N, S+R-1]
     rest_mask = torch.cat([layout.own_mask, batch.attention_mask[:, p_width:-1]], dim=1)
     return prefill(model, layout, rest_ids, rest_mask, logits_to_keep=logits_to_keep)
-
-
-@torch.no_grad()
-def response_logprobs(
-    model: torch.nn.Module, completions: list[Completion], pad_id: int, temperature: float
-) -> list[list[float]]:
-    """Per-token logprobs of each completion's tokens under logits / temperature (teacher-forced, no grad)."""
-    batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], pad_id)
-    batch = batch.to(next(model.parameters()).device)
-    logits = response_logits(model, batch, temperature=temperature)  # [N, R, V]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # [N, R]
-    return [logp[i, : len(c.token_ids)].tolist() for i, c in enumerate(completions)]
 
 
 def encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:
