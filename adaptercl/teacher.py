@@ -59,8 +59,7 @@ from torch import Tensor
 
 from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state, lora_parameters, save_adapter
 from adaptercl.atomic import atomic_dir
-from adaptercl.batching import TokenBatch, at_least_float32
-from adaptercl.chunked_logits import ResponseScores, response_scores
+from adaptercl.batching import ResponseScores, TokenBatch, at_least_float32, response_scores
 from adaptercl.losses import trust_region_teacher_logits
 from adaptercl.method_config import TeacherAutocast, TeacherConfig, TeacherKind
 from adaptercl.teacher_schedule import GateState, clock_refresh, gate_step
@@ -147,7 +146,7 @@ class Teacher:
     def scores(
         self, model: torch.nn.Module, batch: TokenBatch, temperature: float, chunk_size: int | None
     ) -> ResponseScores:
-        """The teacher's `chunked_logits.ResponseScores` on `batch`: full float32 logits / temperature when
+        """The teacher's `batching.ResponseScores` on `batch`: full float32 logits / temperature when
         `chunk_size` is None, else the final hidden states (the trust-region mixture taken on them: the LM head is
         linear, so it is the same mixture of logits)."""
         with _eval_mode(model), _autocast(model, self.autocast):
