@@ -60,7 +60,6 @@ from torch import Tensor
 from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state, lora_parameters, save_adapter
 from adaptercl.atomic import atomic_dir
 from adaptercl.batching import ResponseScores, TokenBatch, at_least_float32, response_scores
-from adaptercl.losses import trust_region_teacher_logits
 from adaptercl.method_config import TeacherAutocast, TeacherConfig, TeacherKind
 from adaptercl.teacher_schedule import GateState, clock_refresh, gate_step
 
@@ -101,6 +100,16 @@ def ema_lora_factors(
     B[:, :kept] = (q_b @ u[:, :kept]) * sqrt_s  # [out, kept]
     A[:kept] = sqrt_s[:, None] * (q_a @ vh[:kept].T).T  # [kept, in]
     return A, B, s[kept:].square().sum().sqrt().item(), s.square().sum().sqrt().item()
+
+
+# ------------------------------------------------------------------------------- trust-region mixture (pure)
+
+
+def trust_region_teacher_logits(ref_logits: Tensor, student_logits: Tensor, coef: float) -> Tensor:
+    """Trust-region teacher z_T = (1-c)·z_ref + c·z_student (student detached), both on the teacher prompt."""
+    if not 0.0 <= coef <= 1.0:
+        raise ValueError(f"coef must be in [0, 1], got {coef}")
+    return (1.0 - coef) * ref_logits.detach() + coef * student_logits.detach()  # [N, T, V]
 
 
 # ------------------------------------------------------------------------------------------- teacher kinds
