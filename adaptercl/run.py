@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from importlib import import_module
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +43,7 @@ from adaptercl.micro_batch import choose_micro_batch
 from adaptercl.model import load_base
 from adaptercl.preflight import preflight
 from adaptercl.report import write_report
-from adaptercl.rollout.hf import HFEngine
-from adaptercl.rollout_config import ENGINES
+from adaptercl.rollout.engines import Engines
 from adaptercl.run_dir import BEFORE_DIR, RunDir, StageDir
 from adaptercl.stage import run_stage
 from adaptercl.stage_context import StageContext, step_seed
@@ -311,35 +309,3 @@ def _attach_stage_adapter(
 def _result(run: RunDir) -> RunResult:
     summary = run.read_summary()
     return RunResult(run.path, summary["domains"], summary["accuracy"], summary["stage_adapters"])
-
-
-class Engines:
-    """The run's rollout engine: the hf engine runs on the live training model; a vllm engine (in process) or
-    vllm_server engine (a client of a running server) is one per run, created on first use and closed at the end."""
-
-    def __init__(self, recipe: RecipeConfig, notify: Callable[..., Any]):
-        self.recipe, self.notify = recipe, notify
-        self.rollout = recipe.stages[0].rollout  # the engine settings are the same in every stage (config validates)
-        self.kind = ENGINES[self.rollout.engine]
-        self.base = None
-        self.vllm = None  # the per-run engine (vllm, vllm_server)
-        if self.kind.needs_local_vllm:
-            from adaptercl.vllm_settings import require_vllm
-
-            require_vllm()  # a one-line error before the base loads
-
-    def for_model(self, model: torch.nn.Module) -> Any:
-        """The engine for the model as it is now (the base loaded first: `self.base`)."""
-        if self.kind.home is None:  # hf: generate on the live training model
-            tok = self.base.tokenizer
-            return HFEngine(model, tok, batch_size=self.rollout.batch_size, fold_lora=self.rollout.fold_lora)
-        if self.vllm is None:
-            module, name = self.kind.home.split(":")
-            self.vllm = getattr(import_module(module), name).from_recipe(self.recipe, self.base, model)
-            self.notify("engine", description=self.vllm.description)
-        self.vllm.model = model  # the first adapter wraps the base in a PeftModel
-        return self.vllm
-
-    def close(self) -> None:
-        if self.vllm is not None:
-            self.vllm.close()
