@@ -70,10 +70,9 @@ from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.colocate import launcher_kwargs, tensor_parallel_group
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
 from adaptercl.vllm_memory import vllm_utilization
-from adaptercl.vllm_settings import (  # noqa: F401 - INSTALL_HINT re-exported for callers of this module
+from adaptercl.vllm_settings import (
     BNB_PLUGIN_HINT,
     CPU_KV_CACHE_BYTES,
-    INSTALL_HINT,
     bitsandbytes_provider,
     default_max_model_len,
     require_vllm,
