@@ -62,8 +62,7 @@ from transformers import PreTrainedTokenizerBase
 from adaptercl import distributed
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.continual import max_served_rank
-from adaptercl.micro_batch import card_gib
-from adaptercl.model import servable_base_path
+from adaptercl.model import card_gib, servable_base_path
 from adaptercl.model_shapes import shape_from_config
 from adaptercl.rollout import Completion, SamplingParams, row_requests
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
