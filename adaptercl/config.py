@@ -38,12 +38,12 @@ from adaptercl.method_config import (  # re-exported: a recipe's blocks are impo
     Support,
     TeacherConfig,
     TeacherKind,
+    first_gated_check,
 )
 from adaptercl.method_config import ConfigBlock as _Block
 from adaptercl.methods import METHODS, Method
 from adaptercl.recipe_errors import RecipeError, format_validation_error
 from adaptercl.rollout_config import ENGINE_FIELDS, RolloutConfig, RolloutServerConfig
-from adaptercl.teacher_schedule import first_gated_check
 
 __all__ = [
     "Action",
