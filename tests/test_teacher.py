@@ -16,14 +16,8 @@ from adaptercl.batching import build_batch, response_logits
 from adaptercl.config import DistillConfig, LoraConfig, ModelConfig, StageConfig, TeacherConfig
 from adaptercl.merging import lora_delta, refactorize
 from adaptercl.model import load_base
-from adaptercl.teacher import (
-    Teacher,
-    create_teacher,
-    ema_lora_factors,
-    restore_teacher,
-    teacher_autocast_dtype,
-    trust_region_teacher_logits,
-)
+from adaptercl.teacher import Teacher, create_teacher, restore_teacher, teacher_autocast_dtype
+from adaptercl.teacher_mixing import ema_lora_factors, trust_region_teacher_logits
 from adaptercl.teacher_prompts import sdft_teacher_prompts, sdpo_teacher_prompts, strip_think
 from adaptercl.teacher_schedule import GateState, gate_allows_refresh, gate_step, quantile
 
