@@ -4,7 +4,8 @@ Every sequence is laid out as [pad.. prompt | response ..pad] so all responses s
 `logits_to_keep` computes logits for response positions only. A teacher batch (a different prompt, the same
 responses) therefore yields logits aligned token-for-token with the student's. `response_hidden` is the same forward
 stopped before the LM head (the final hidden states of those positions), for losses that compute logits a chunk of
-positions at a time (`chunked_logits.py`).
+positions at a time (`chunked_logits.py`); `response_scores` returns one or the other as `ResponseScores`, the
+student's, the teacher's and the previous stage's policy's alike.
 
 Prefix sharing runs the prefixes with a key/value cache; transformers' activation checkpointing drops the cache
 inside checkpointed layers (its recompute would append to the cache a second time), so while the model trains under
@@ -17,10 +18,10 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from torch import Tensor
 
 from adaptercl.model import checkpointing_active, decoder_and_head
 from adaptercl.prefix_sharing import prefill, prefix_layout
-from adaptercl.rollout import Completion
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,32 @@ def response_hidden(model: torch.nn.Module, batch: TokenBatch, share_prompts: bo
     return out.last_hidden_state[:, -(r_width + 1) : -1]  # position P-1+t predicts response token t
 
 
+@dataclass
+class ResponseScores:
+    """A forward's output at the response positions: full `logits` [n, R, V] (float32, / temperature), or `hidden`
+    [n, R, H] with the LM `head` that turns a chunk of them into those logits."""
+
+    logits: Tensor | None = None
+    hidden: Tensor | None = None
+    head: torch.nn.Module | None = None
+    temperature: float = 1.0
+
+    def chunk_logits(self, hidden: Tensor) -> Tensor:
+        """head(hidden) / temperature in float32 for hidden [n, c, H] -> [n, c, V] (as `response_logits`)."""
+        logits = at_least_float32(self.head(hidden))
+        return logits if self.temperature == 1.0 else logits / self.temperature
+
+
+def response_scores(
+    model: torch.nn.Module, batch: TokenBatch, temperature: float, chunk_size: int | None
+) -> ResponseScores:
+    """The scores of `batch`'s response positions: full logits when `chunk_size` is None, else hidden states."""
+    if chunk_size is None:
+        return ResponseScores(logits=response_logits(model, batch, temperature=temperature))
+    _, head = decoder_and_head(model)
+    return ResponseScores(hidden=response_hidden(model, batch), head=head, temperature=temperature)
+
+
 _logged_checkpointing = False
 
 
@@ -159,18 +186,6 @@ def _prefix_shared_forward(model: torch.nn.Module, batch: TokenBatch, logits_to_
     rest_ids = torch.cat([layout.own_ids, batch.input_ids[:, p_width:-1]], dim=1)  # [N, S+R-1]
     rest_mask = torch.cat([layout.own_mask, batch.attention_mask[:, p_width:-1]], dim=1)
     return prefill(model, layout, rest_ids, rest_mask, logits_to_keep=logits_to_keep)
-
-
-@torch.no_grad()
-def response_logprobs(
-    model: torch.nn.Module, completions: list[Completion], pad_id: int, temperature: float
-) -> list[list[float]]:
-    """Per-token logprobs of each completion's tokens under logits / temperature (teacher-forced, no grad)."""
-    batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], pad_id)
-    batch = batch.to(next(model.parameters()).device)
-    logits = response_logits(model, batch, temperature=temperature)  # [N, R, V]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # [N, R]
-    return [logp[i, : len(c.token_ids)].tolist() for i, c in enumerate(completions)]
 
 
 def encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:

@@ -1,11 +1,11 @@
 """The per-token quantities of the training loss computed from a forward's response positions, optionally one chunk
 of positions at a time so that no full-vocabulary [rows, R, V] float32 logits exist for a whole micro-batch.
 
-A forward's output over the response positions is `ResponseScores`: either the full logits [n, R, V] (float32,
-already / temperature: today's path, `optim.logits_chunk_size: off`, the CPU default) or the final hidden states
-[n, R, H] with the LM head. `token_terms` turns the student's scores (and those of the previous stage's policy for
-`kl_prev`, and of the teacher on the distilled rows) into per-token tensors [n, R]: the log-probs of the sampled
-tokens, the entropies, KL to the previous policy, the distillation divergence. With a chunk size c, each chunk
+A forward's output over the response positions is `batching.ResponseScores`: either the full logits [n, R, V]
+(float32, already / temperature: today's path, `optim.logits_chunk_size: off`, the CPU default) or the final hidden
+states [n, R, H] with the LM head. `token_terms` turns the student's scores (and those of the previous stage's
+policy for `kl_prev`, and of the teacher on the distilled rows) into per-token tensors [n, R]: the log-probs of the
+sampled tokens, the entropies, KL to the previous policy, the distillation divergence. With a chunk size c, each chunk
 computes its logits = head(h[:, chunk]).float() / temperature (the model's dtype for the matmul, float32 after, as
 transformers' `logits.float()`), the same pure functions of `losses.py` / `regularizers.py` on them, and is wrapped
 in non-reentrant `torch.utils.checkpoint`: only the chunk's inputs (hidden states, a few [n, c, H]) are kept for
@@ -15,7 +15,7 @@ chunking positions also bounds one long row.
 
 Every loss term is a function of these per-token values (the policy term of log-probs, the distillation term of
 the divergence times detached importance weights), so the loss and its gradient are those of the unchunked path up
-to float rounding (tests/test_chunked_logits.py). The trust-region teacher mixes hidden states instead of logits:
+to float rounding (tests/test_memory_settings.py). The trust-region teacher mixes hidden states instead of logits:
 the LM head is linear (no bias, no soft-capping: `model.decoder_and_head` refuses others), so that is the same
 mixture of logits.
 
@@ -31,10 +31,9 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from adaptercl.batching import TokenBatch, at_least_float32, response_hidden, response_logits
+from adaptercl.batching import ResponseScores
 from adaptercl.losses import distillation_divergence, gather_logprobs, kl_to_previous, token_entropy
 from adaptercl.method_config import DistillConfig
-from adaptercl.model import decoder_and_head
 
 CUDA_CHUNK = 1024  # `optim.logits_chunk_size: auto` on CUDA: ~0.6 GB of float32 logits at Qwen2.5's V per row
 
@@ -46,32 +45,6 @@ def resolve_logits_chunk_size(setting: str | int, device: torch.device) -> int |
     if setting == "auto":
         return CUDA_CHUNK if device.type == "cuda" else None
     return int(setting)
-
-
-@dataclass
-class ResponseScores:
-    """A forward's output at the response positions: full `logits` [n, R, V] (float32, / temperature), or `hidden`
-    [n, R, H] with the LM `head` that turns a chunk of them into those logits."""
-
-    logits: Tensor | None = None
-    hidden: Tensor | None = None
-    head: torch.nn.Module | None = None
-    temperature: float = 1.0
-
-    def chunk_logits(self, hidden: Tensor) -> Tensor:
-        """head(hidden) / temperature in float32 for hidden [n, c, H] -> [n, c, V] (as `response_logits`)."""
-        logits = at_least_float32(self.head(hidden))
-        return logits if self.temperature == 1.0 else logits / self.temperature
-
-
-def response_scores(
-    model: torch.nn.Module, batch: TokenBatch, temperature: float, chunk_size: int | None
-) -> ResponseScores:
-    """The scores of `batch`'s response positions: full logits when `chunk_size` is None, else hidden states."""
-    if chunk_size is None:
-        return ResponseScores(logits=response_logits(model, batch, temperature=temperature))
-    _, head = decoder_and_head(model)
-    return ResponseScores(hidden=response_hidden(model, batch), head=head, temperature=temperature)
 
 
 @dataclass

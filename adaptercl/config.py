@@ -7,8 +7,8 @@ Method-dependent defaults and constraints (teacher kind and EMA rate, divergence
 teachers, srpo's learning rate and token-mean aggregations) come from the method table `methods.METHODS` and are
 filled in one place, `StageConfig._fill_method_defaults`. The method blocks (`grpo`, `distill`, `hybrid`, `srpo`,
 `regularizers`, `monitor`) are defined in `method_config.py`, the `domains:` block in `domain_config.py`, the `eval:`
-block in `eval_config.py`, the `rollout:` block in `rollout_config.py`, `report_to` and the `log:` block in
-`log_config.py`.
+block in `eval_config.py`, the `rollout:` block in `rollout_config.py`, the `optim:` block in `optim_config.py`,
+`report_to` and the `log:` block in `log_config.py`.
 
 This module imports no torch: `adaptercl recipe validate` answers in well under a second. Errors are raised as
 `RecipeError` with one line naming the field path (stages are named by their `name`, not their index) and what
@@ -17,7 +17,6 @@ is allowed.
 
 from __future__ import annotations
 
-import math
 import re
 from typing import Any, Literal
 
@@ -38,12 +37,13 @@ from adaptercl.method_config import (  # re-exported: a recipe's blocks are impo
     Support,
     TeacherConfig,
     TeacherKind,
+    first_gated_check,
 )
 from adaptercl.method_config import ConfigBlock as _Block
 from adaptercl.methods import METHODS, Method
+from adaptercl.optim_config import OptimConfig
 from adaptercl.recipe_errors import RecipeError, format_validation_error
 from adaptercl.rollout_config import ENGINE_FIELDS, RolloutConfig, RolloutServerConfig
-from adaptercl.teacher_schedule import first_gated_check
 
 __all__ = [
     "Action",
@@ -105,73 +105,6 @@ class LoraConfig(_Block):
         description="Only these decoder layers (0-based; negative counts from the top) get LoRA. Backward then "
         "stops at the lowest one: LoRA on the top layers only makes a CPU step several times cheaper.",
     )
-
-
-class OptimConfig(_Block):
-    lr: float = Field(
-        1e-5,
-        gt=0.0,
-        description="AdamW learning rate of the LoRA parameters. A stage that does not set it gets its method's "
-        "default: 5e-6 for srpo (the SRPO paper's, Table 3), 1e-5 for the others.",
-    )
-    steps: int = Field(100, ge=1, description="Optimiser steps in the stage (a stage's `steps:` sets this).")
-    prompts_per_step: int = Field(4, ge=1, description="Distinct prompts per step; samples = prompts x group_size.")
-    grad_accum: int = Field(
-        1,
-        ge=1,
-        description="Micro-batches each step's samples are split into for backward (unless micro_batch_size is set; "
-        "also micro_batch_size auto's split where there is no CUDA device).",
-    )
-    micro_batch_size: Literal["auto"] | int | None = Field(
-        None,
-        description="Sequences per micro-batch of the training step (per data-parallel rank), instead of grad_accum's "
-        "split; any split makes the same update. auto: on a CUDA device, per stage, the largest micro-batch whose "
-        "planned training peak (memory_plan.py, with what a colocated vLLM keeps) times 1.1 fits the card, printed "
-        "and written to the stage's micro_batch.json; without CUDA, grad_accum's split. Default: grad_accum's split.",
-    )
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (transformers' warm-up: step 0 has LR 0).")
-    schedule: Literal["constant", "linear", "cosine", "cosine_with_restarts", "inverse_sqrt"] = Field(
-        "constant",
-        description="LR schedule: transformers' scheduler of that name over the stage's steps (lr_schedule.py; "
-        "`constant` is transformers' constant_with_warmup), as TRL's lr_scheduler_type.",
-    )
-    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
-    activation_checkpointing: Literal["auto"] | bool = Field(
-        "auto",
-        description="Recompute each decoder layer's activations in backward instead of keeping them (transformers' "
-        "non-reentrant checkpointing, during the training forward only). auto: on for CUDA, off on CPU. Under it the "
-        "training forward does not share prompt prefixes (transformers drops the key/value cache inside checkpointed "
-        "layers); teacher and other no-grad forwards still do.",
-    )
-    logits_chunk_size: Literal["auto", "off"] | int = Field(
-        "auto",
-        description="Response positions whose full-vocabulary logits exist at once in the training step: the loss "
-        "takes the model's final hidden states and computes logits, log-probs, entropies and divergences one chunk "
-        "of positions at a time, recomputing a chunk's logits in backward (chunked_logits.py). auto: 1024 on CUDA, "
-        "off on CPU (full [rows, R, V] float32 logits per micro-batch, as before). An int >= 1 sets the chunk.",
-    )
-
-    def split_rows(self, rows: int) -> int:
-        """Sequences per micro-batch of a step's `rows` (a rank's share) where no card is planned for:
-        micro_batch_size when it is a number, else grad_accum's split (also micro_batch_size auto's without CUDA)."""
-        if isinstance(self.micro_batch_size, int):
-            return min(self.micro_batch_size, rows)
-        return math.ceil(rows / self.grad_accum)
-
-    @field_validator("logits_chunk_size")
-    @classmethod
-    def _positive_chunk(cls, value: str | int) -> str | int:
-        if isinstance(value, int) and value < 1:
-            raise ValueError(f"must be 'auto', 'off' or an int >= 1, got {value}")
-        return value
-
-    @field_validator("micro_batch_size", mode="before")
-    @classmethod
-    def _check_micro_batch(cls, value: Any) -> Any:
-        if value is None or value == "auto" or (type(value) is int and value >= 1):
-            return value
-        raise ValueError(f"must be 'auto' or an int >= 1 (sequences per micro-batch), got {value!r}")
 
 
 class AdapterInitConfig(_Block):

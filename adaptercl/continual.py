@@ -1,7 +1,8 @@
 """The continual sequence's adapter stacking rule, as one pure function of the recipe: `plan_adapters`.
 
-Each stage trains its own adapter, named after its stage directory (`stage-NN-<name>`), on top of the adapters that
-made up the model after the previous stage (`previous`). `adapter.init` decides what the stage's model is:
+Each stage trains its own adapter, named after its stage (`stage_dir_name`: `stage-NN-<name>`, also the name of the
+stage's folder in the run directory), on top of the adapters that made up the model after the previous stage
+(`previous`). `adapter.init` decides what the stage's model is:
 
 - `new`: a fresh adapter (B = 0) over every previous adapter, all frozen: frozen = previous.
 - `continue`: a copy of the previous stage's own adapter (the last of `previous`) replaces it and is trained on:
@@ -29,7 +30,11 @@ from dataclasses import dataclass
 
 from adaptercl.config import RecipeConfig
 from adaptercl.methods import METHODS
-from adaptercl.run_dir import stage_dir_name
+
+
+def stage_dir_name(recipe: RecipeConfig, index: int) -> str:
+    """Directory (and adapter) name of stage `index` (0-based): stage-01-<name>."""
+    return f"stage-{index + 1:02d}-{recipe.stages[index].name}"
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Teacher lift (`teacher_lift`, at the start of a stage whose method has a self-te
 On a seeded sample of the stage domain's *train* prompts (never its eval set, which the accuracy matrix reports):
 1. the student samples its group as a rollout of the stage would (`rollout.group_size`, temperature, top_p; a
    seeded draw of its own) and the domain's reward scores it;
-2. the method's own builder (`methods.METHODS[method].teacher_prompts`) turns each sample into its teacher prompt
+2. the method's own builder (`teacher_prompts.TEACHER_PROMPTS[method]`) turns each sample into its teacher prompt
    (a successful sibling, the example's demonstration, and/or the reward's feedback), exactly as a training step;
 3. the teacher at stage start answers every teacher prompt that got a context greedily, and the student answers
    each plain prompt greedily (`eval.max_new_tokens`); the domain's reward marks both.
@@ -47,13 +47,12 @@ import torch
 
 from adaptercl.batching import build_batch, encode_chat
 from adaptercl.domains import Domain, Example, is_success
-from adaptercl.methods import METHODS
 from adaptercl.policy_divergence import ROWS_PER_FORWARD, divergence_sums, token_scores
 from adaptercl.rollout import RolloutEngine, SamplingParams
 from adaptercl.stage_context import StageContext, rollout_sampling, step_seed
 from adaptercl.stats import paired_bootstrap_interval
 from adaptercl.teacher import Teacher
-from adaptercl.teacher_prompts import TeacherPrompts
+from adaptercl.teacher_prompts import TEACHER_PROMPTS, TeacherPrompts
 
 # step_seed offsets of the diagnostics' own draws (the stage's: 1_000_000 data order, 2_000_000 distillation mask,
 # 3_000_000 replay); distinct, so no diagnostic reuses a training draw.
@@ -97,7 +96,7 @@ def teacher_lift(ctx: StageContext, num_prompts: int, max_new_tokens: int) -> di
     with isolated(ctx.model):
         completions = [c for g in ctx.engine.generate(prompt_ids, ctx.policy_adapters, rollout) for c in g]  # [N]
         results = domain.score([c.text for c in completions], [c.token_ids for c in completions], samples)
-        shown = METHODS[stage.method].teacher_prompts(
+        shown = TEACHER_PROMPTS[stage.method](
             [ex.messages for ex in samples],
             [c.text for c in completions],
             [is_success(r, stage.distill.success_threshold) for r in results],

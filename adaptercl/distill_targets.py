@@ -14,7 +14,7 @@ from adaptercl.hybrid import rollout_entropy, top_entropy_mask
 from adaptercl.methods import METHODS
 from adaptercl.rollout import Completion
 from adaptercl.stage_context import StageContext, step_seed
-from adaptercl.teacher_prompts import srpo_route_stats
+from adaptercl.teacher_prompts import TEACHER_PROMPTS, srpo_route_stats
 
 
 @dataclass
@@ -38,7 +38,8 @@ def distill_targets(
     results: list[RewardResult],
     batch: TokenBatch,
 ) -> DistillTargets:
-    """Teacher prompts (the method's builder, `methods.METHODS`) and the distillation token mask of one step.
+    """Teacher prompts (the method's builder, `teacher_prompts.TEACHER_PROMPTS`) and the distillation token mask of
+    one step.
 
     The mask is the response mask, minus the first `distill.skip_first_tokens` tokens, minus a seeded random
     `distill.mask_ratio` share, times 0 for samples without a teacher context. Drawn once per step for the
@@ -46,7 +47,7 @@ def distill_targets(
     """
     stage, tok, cfg = ctx.stage, ctx.tokenizer, ctx.stage.distill
     spec = METHODS[stage.method]
-    teacher_prompts = spec.teacher_prompts(
+    teacher_prompts = TEACHER_PROMPTS[stage.method](
         [ex.messages for ex in samples],
         [c.text for c in completions],
         [is_success(r, cfg.success_threshold) for r in results],

@@ -37,7 +37,6 @@ class EngineChoice:
     reason: str
     decided: bool = False  # the recipe said auto and this machine decided: the run says so first
 
-
     def line(self) -> str:
         return f"rollout engine: {self.engine} ({self.reason})"
 

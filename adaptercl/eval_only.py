@@ -36,6 +36,7 @@ from adaptercl.engine_choice import resolve_engine
 from adaptercl.evaluate import evaluate_all
 from adaptercl.model import load_base
 from adaptercl.preflight import preflight
+from adaptercl.rollout.engines import Engines  # the run's engine choice (hf, or one vLLM engine)
 from adaptercl.run_dir import BEFORE_DIR, SUMMARY_FILE, StageDir, open_finished_run
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -96,8 +97,6 @@ def _evaluate(
     source: dict[str, Any],
     on_event: Callable[..., Any] | None,
 ) -> Path:
-    from adaptercl.run import Engines  # the run's engine choice (hf, or one vLLM engine)
-
     notify = on_event or (lambda kind, **info: None)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -29,7 +29,8 @@ import yaml
 
 from adaptercl.atomic import atomic_dir, write_json, write_text
 from adaptercl.config import RecipeConfig, RecipeError
-from adaptercl.run_dir import RunDir, open_finished_run, stage_dir_name
+from adaptercl.continual import stage_dir_name
+from adaptercl.run_dir import RunDir, open_finished_run
 
 COMBINED_NAME = "combined"  # folder and served model name of the --merged adapter
 MANIFEST_VERSION = 1

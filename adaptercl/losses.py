@@ -6,7 +6,7 @@ What lives here (shapes: N sequences = prompts x group size, T response position
 - Aggregation: `aggregate` (token values -> one number), `micro_batch_aggregate` (a micro-batch's share of it) and
   `aggregate_denominator` (what it divides by; summed over data-parallel ranks).
 - SDPO / SDFT distillation: `distillation_divergence` (full / top-k / sampled-token support), `importance_weights`,
-  `distillation_token_mask`, `trust_region_teacher_logits`.
+  `distillation_token_mask` (the trust-region teacher's mixture of logits is the teacher's: `teacher.py`).
 - Shared pieces: `gather_logprobs`, `token_entropy`.
 
 The loss terms the training step adds are composed from these in `loss_terms.py`.
@@ -353,13 +353,6 @@ def distillation_token_mask(
         keep = torch.rand(mask.shape, generator=generator, device=mask.device) >= mask_ratio  # [N, T]
         mask = mask * keep.float()
     return mask
-
-
-def trust_region_teacher_logits(ref_logits: Tensor, student_logits: Tensor, coef: float) -> Tensor:
-    """Trust-region teacher z_T = (1-c)·z_ref + c·z_student (student detached), both on the teacher prompt."""
-    if not 0.0 <= coef <= 1.0:
-        raise ValueError(f"coef must be in [0, 1], got {coef}")
-    return (1.0 - coef) * ref_logits.detach() + coef * student_logits.detach()  # [N, T, V]
 
 
 def kl_to_previous(logits: Tensor, prev_logits: Tensor) -> Tensor:

@@ -138,6 +138,12 @@ class TeacherConfig(ConfigBlock):
     )
 
 
+def first_gated_check(window: int, every: int) -> int:
+    """The first step at which a `gated` teacher can refresh: the first multiple of `every` after the baseline's
+    step `window`."""
+    return (window // every + 1) * every
+
+
 class DistillConfig(ConfigBlock):
     alpha: float | None = Field(
         None, ge=0.0, le=1.0, description="0 forward KL(q||p), 1 reverse KL(p||q), else generalized JSD."

@@ -38,24 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from adaptercl.method_config import Aggregation, DistillConfig, HybridConfig, Support, TeacherKind
-from adaptercl.teacher_prompts import (
-    TeacherPrompts,
-    hybrid_teacher_prompts,
-    sdft_teacher_prompts,
-    sdpo_teacher_prompts,
-    srpo_teacher_prompts,
-)
+from adaptercl.method_config import Aggregation, HybridConfig, Support, TeacherKind
 
 Method = Literal["grpo", "sdpo", "sdft", "hybrid", "srpo"]
-Messages = list[dict[str, str]]
-
-# (prompts [N], responses [N], succeeded [N] (`domains.is_success`), feedbacks [N], demonstrations [N], group size,
-# the stage's distill and hybrid blocks) -> the teacher's prompts [N]
-TeacherPromptBuilder = Callable[
-    [list[Messages], list[str], list[bool], list["str | None"], list["str | None"], int, DistillConfig, HybridConfig],
-    TeacherPrompts,
-]
 
 
 @dataclass(frozen=True)
@@ -63,7 +48,7 @@ class MethodSpec:
     """What one training method is made of."""
 
     policy_term: bool  # the step adds the clipped policy-gradient (GRPO) term
-    teacher_prompts: TeacherPromptBuilder | None  # distillation: how the teacher's context is built (None: no teacher)
+    needs_teacher: bool  # distils from a self-teacher (its prompts: `teacher_prompts.TEACHER_PROMPTS[method]`)
     distill_weight: Callable[[HybridConfig], float]  # weight of the distillation term (from the stage's hybrid block)
     teacher_kind: TeacherKind  # default distill.teacher.kind
     tau: float  # default distill.teacher.tau (EMA rate)
@@ -79,29 +64,6 @@ class MethodSpec:
     # distillation term on those with one, over one shared token denominator (`srpo.py`)
     sample_routed: bool = False
     lr: float | None = None  # default optim.lr when the stage does not set it (None: optim.lr's own default)
-
-    @property
-    def needs_teacher(self) -> bool:
-        return self.teacher_prompts is not None
-
-
-def _sdpo(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
-    return sdpo_teacher_prompts(prompts, responses, succeeded, feedbacks, group_size, distill)
-
-
-def _sdft(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
-    return sdft_teacher_prompts(prompts, demonstrations, succeeded, distill)
-
-
-def _hybrid(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
-    failed_groups_only = hybrid.distill_on == "failed_groups"
-    return hybrid_teacher_prompts(
-        prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, failed_groups_only
-    )
-
-
-def _srpo(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
-    return srpo_teacher_prompts(prompts, responses, succeeded, group_size, distill)
 
 
 def _no_distillation(hybrid: HybridConfig) -> float:
@@ -119,7 +81,7 @@ def _hybrid_distillation(hybrid: HybridConfig) -> float:
 METHODS: dict[str, MethodSpec] = {
     "grpo": MethodSpec(
         policy_term=True,
-        teacher_prompts=None,
+        needs_teacher=False,
         distill_weight=_no_distillation,
         teacher_kind="base",
         tau=0.05,
@@ -130,7 +92,7 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "sdpo": MethodSpec(
         policy_term=False,  # the released SDPO code replaces the GRPO loss (advantages unused)
-        teacher_prompts=_sdpo,
+        needs_teacher=True,
         distill_weight=_full_distillation,
         teacher_kind="ema",
         tau=0.05,
@@ -142,7 +104,7 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "sdft": MethodSpec(
         policy_term=False,
-        teacher_prompts=_sdft,
+        needs_teacher=True,
         distill_weight=_full_distillation,
         teacher_kind="ema",
         tau=0.01,
@@ -155,7 +117,7 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "hybrid": MethodSpec(
         policy_term=True,
-        teacher_prompts=_hybrid,
+        needs_teacher=True,
         distill_weight=_hybrid_distillation,
         teacher_kind="stage_start",
         tau=0.05,
@@ -168,7 +130,7 @@ METHODS: dict[str, MethodSpec] = {
     ),
     "srpo": MethodSpec(
         policy_term=True,  # on the GRPO-routed samples only
-        teacher_prompts=_srpo,
+        needs_teacher=True,
         distill_weight=_full_distillation,  # on the SDPO-routed samples only; no mixing coefficient
         teacher_kind="ema",  # the paper's teacher: an EMA of the student at rate 0.05
         tau=0.05,

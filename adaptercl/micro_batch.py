@@ -29,8 +29,8 @@ from adaptercl.chunked_logits import resolve_logits_chunk_size
 from adaptercl.config import RecipeConfig
 from adaptercl.domains import Domain
 from adaptercl.memory_plan import MICRO_BATCH_MARGIN, auto_micro_batch
-from adaptercl.model import resolve_activation_checkpointing
-from adaptercl.model_shapes import GIB, shape_from_config
+from adaptercl.model import card_gib, resolve_activation_checkpointing
+from adaptercl.model_shapes import shape_from_config
 
 
 @dataclass(frozen=True)
@@ -41,13 +41,6 @@ class MicroBatchChoice:
     def line(self) -> str:
         r = self.record
         return f"micro-batch {r['micro_batch_size']} of {r['sequences']} sequences a step ({r['why']})"
-
-
-def card_gib(device: torch.device) -> float | None:
-    """Total memory of the CUDA device, in GiB (None elsewhere): what the plan's card is at run time."""
-    if device.type != "cuda":
-        return None
-    return torch.cuda.get_device_properties(device).total_memory / GIB
 
 
 def choose_micro_batch(

@@ -42,6 +42,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from adaptercl.atomic import atomic_dir, write_text
 from adaptercl.config import ModelConfig, RecipeError
 from adaptercl.lora_layers import BUILTIN_LAYERS
+from adaptercl.model_shapes import GIB
 from adaptercl.offline import hub_model_message, is_network_failure
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,13 @@ def cache_root(model_cfg: ModelConfig | None = None) -> Path:
 
 def pick_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def card_gib(device: torch.device) -> float | None:
+    """Total memory of the CUDA device, in GiB (None elsewhere): what the plan's card is at run time."""
+    if device.type != "cuda":
+        return None
+    return torch.cuda.get_device_properties(device).total_memory / GIB
 
 
 def load_base(model_cfg: ModelConfig, quantization: str, device: torch.device | None = None) -> LoadedBase:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from adaptercl import distributed
 from adaptercl.config import DomainConfig, RecipeConfig, RecipeError, RolloutServerConfig
 from adaptercl.domains.builtin import BUILTINS
 from adaptercl.domains.datasets_formats import FORMATS
@@ -126,3 +127,21 @@ def _native_reward_name(cfg: DomainConfig) -> str:
     if cfg.source.startswith("builtin:"):
         return BUILTINS[cfg.source.removeprefix("builtin:")][1]
     return str(FORMATS[cfg.format or "generic"].reward)
+
+
+def check_world(recipe: RecipeConfig, world: distributed.World) -> None:
+    """One-line errors for a recipe that cannot run on `world.size` data-parallel ranks."""
+    if world.size == 1:
+        return
+    rollout = recipe.stages[0].rollout
+    if rollout.engine == "vllm" and world.size % rollout.tensor_parallel_size:
+        raise RecipeError(
+            f"rollout.tensor_parallel_size: {rollout.tensor_parallel_size} GPUs per vLLM engine cannot split "
+            f"{world.size} data-parallel ranks (WORLD_SIZE) into whole groups; use a divisor of {world.size}"
+        )
+    for stage in recipe.stages:
+        if stage.optim.prompts_per_step % world.size:
+            raise RecipeError(
+                f"stages.{stage.name}.optim.prompts_per_step: {stage.optim.prompts_per_step} prompts cannot be split "
+                f"evenly over {world.size} data-parallel ranks (WORLD_SIZE); use a multiple of {world.size}"
+            )

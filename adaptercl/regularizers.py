@@ -99,12 +99,12 @@ class StageRegularizers:
         return regs
 
     def previous_scores(self, model: torch.nn.Module, batch: Any, temperature: float, chunk_size: int | None):
-        """The previous stage's policy on `batch` (a `chunked_logits.ResponseScores`, no gradient, eval mode), whose
+        """The previous stage's policy on `batch` (a `batching.ResponseScores`, no gradient, eval mode), whose
         KL the training step takes per token (`losses.kl_to_previous`), or None when `kl_prev`'s weight is 0 (then no
         forward is spent)."""
         if self.kl_weight <= 0:
             return None
-        from adaptercl.chunked_logits import response_scores
+        from adaptercl.batching import response_scores
 
         was_training = model.training
         model.eval()

@@ -26,8 +26,9 @@ class EngineKind:
     needs_server: bool = False  # rolls out from `rollout.server` (the run's preflight contacts it before loading)
 
 
-# rollout.engine -> its kind (run.Engines builds from this table; no engine name is compared elsewhere in the run).
-# `auto` is not an engine: `engine_choice.resolve_engine` replaces it with hf or vllm before the run starts.
+# rollout.engine -> its kind (`rollout.engines.Engines` builds from this table; no engine name is compared elsewhere
+# in the run). `auto` is not an engine: `engine_choice.resolve_engine` replaces it with hf or vllm before the run
+# starts.
 ENGINES: dict[str, EngineKind] = {
     "hf": EngineKind(home=None, needs_local_vllm=False),
     "vllm": EngineKind(home="adaptercl.rollout.vllm:VLLMEngine", needs_local_vllm=True),

@@ -2,19 +2,21 @@
 
     result = run_recipe(load_recipe("recipes/quickstart.yaml"))   # the accuracy matrix, row 0 = before training
 
-For each stage: attach its adapter as the stacking rule says (`continual.plan_adapters`: new, continue or merge),
-create its self-teacher when the method has one (and measure the teacher lift, `diagnostics.py`), choose its
-micro-batch (`micro_batch.py`: `optim.micro_batch_size`, auto sized to the card, said and written), train
-(`stage.run_stage`), save the adapter, the teacher and the combined adapter, evaluate every domain, measure drift,
-and write done.json last. Rerunning into the same directory skips finished stages (their adapters are loaded from
-disk), so a finished run is a no-op and an interrupted one continues with the first unfinished stage (mid-stage from
-its checkpoint; a stage killed after its last step, while it saved, evaluated or measured, from the checkpoint that
-marks it trained: no step runs again). A recipe that appends stages or domains to the run's grows it
-(`run_growth.py`): only the new stages train, and the finished rows are completed with the new domains; any other
-different recipe is refused. The run's identity is its stages and domains, not its folder: a run directory copied
-or moved elsewhere resumes and grows there. Each stage's done.json records the wall time of each part this process
-ran (`seconds`: teacher_lift, train, eval, lm_eval, parameter_drift, response_drift, stage_kl; drift.json has the
-last three).
+`_run_recipe` is the run's steps, each a function or a method of `LiveRun`: claim the run directory -> load the
+domains, the adapters' stacking plan, the rollout engine and the base -> evaluate every domain before training ->
+per stage: attach its adapter as the plan says (`continual.plan_adapters`: new, continue or merge), hand it its
+context and its self-teacher when the method has one, choose its micro-batch (`micro_batch.py`:
+`optim.micro_batch_size`, auto sized to the card, said and written), measure the teacher lift (`diagnostics.py`), train
+(`stage.run_stage`), save the adapter, the teacher and the combined adapter, evaluate every domain, diagnose (drift,
+forward KL from the previous stage) and write done.json last -> summarise (summary.json, the report). Rerunning
+into the same directory skips finished stages (their adapters are loaded from disk), so a finished run is a no-op
+and an interrupted one continues with the first unfinished stage (mid-stage from its checkpoint; a stage killed
+after its last step, while it saved, evaluated or measured, from the checkpoint that marks it trained: no step runs
+again). A recipe that appends stages or domains to the run's grows it (`run_growth.py`): only the new stages train,
+and the finished rows are completed with the new domains; any other different recipe is refused. The run's identity
+is its stages and domains, not its folder: a run directory copied or moved elsewhere resumes and grows there. Each
+stage's done.json records the wall time of each part this process ran (`seconds`: teacher_lift, train, eval,
+lm_eval, parameter_drift, response_drift, stage_kl; drift.json has the last three).
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from importlib import import_module
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,7 +35,7 @@ from adaptercl import adapters as ad
 from adaptercl import distributed
 from adaptercl.adapter_merge import init_adapter_from_merge
 from adaptercl.checkpoint import has_checkpoint
-from adaptercl.config import AdapterInitConfig, RecipeConfig, RecipeError
+from adaptercl.config import RecipeConfig
 from adaptercl.continual import AdapterPlan, plan_adapters
 from adaptercl.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
 from adaptercl.domains import Domain, load_domain
@@ -47,10 +48,9 @@ from adaptercl.methods import METHODS
 from adaptercl.metrics import cl_metrics
 from adaptercl.micro_batch import choose_micro_batch
 from adaptercl.model import load_base
-from adaptercl.preflight import preflight
+from adaptercl.preflight import check_world, preflight
 from adaptercl.report import write_report
-from adaptercl.rollout.hf import HFEngine
-from adaptercl.rollout_config import ENGINES
+from adaptercl.rollout.engines import Engines
 from adaptercl.run_dir import BEFORE_DIR, RunDir, StageDir
 from adaptercl.stage import run_stage
 from adaptercl.stage_context import StageContext, step_seed
@@ -95,199 +95,239 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
             return _run_recipe(recipe, written, notify, world)
 
 
-def check_world(recipe: RecipeConfig, world: distributed.World) -> None:
-    """One-line errors for a recipe that cannot run on `world.size` data-parallel ranks."""
-    if world.size == 1:
-        return
-    rollout = recipe.stages[0].rollout
-    if rollout.engine == "vllm" and world.size % rollout.tensor_parallel_size:
-        raise RecipeError(
-            f"rollout.tensor_parallel_size: {rollout.tensor_parallel_size} GPUs per vLLM engine cannot split "
-            f"{world.size} data-parallel ranks (WORLD_SIZE) into whole groups; use a divisor of {world.size}"
-        )
-    for stage in recipe.stages:
-        if stage.optim.prompts_per_step % world.size:
-            raise RecipeError(
-                f"stages.{stage.name}.optim.prompts_per_step: {stage.optim.prompts_per_step} prompts cannot be split "
-                f"evenly over {world.size} data-parallel ranks (WORLD_SIZE); use a multiple of {world.size}"
-            )
-
-
 def _run_recipe(
     recipe: RecipeConfig, written: RecipeConfig, on_event: Callable[..., Any] | None, world: distributed.World
 ) -> RunResult:
-    """`recipe` with its engine resolved; `written` as the user wrote it (what the run directory keeps)."""
+    """The run's steps, top to bottom: `recipe` with its engine resolved; `written` as the user wrote it (what the run
+    directory keeps). Every rank takes each step; rank 0 alone writes (`distributed.on_main`)."""
     notify = on_event or (lambda kind, **info: None)
-    main = world.is_main
     run = RunDir(Path(recipe.output_dir), written)
-    distributed.on_main(run.claim)
+    distributed.on_main(run.claim)  # a new directory, this recipe's, or one it grows; any other is refused
     if run.is_finished():  # every stage is done: nothing to load, nothing to write
         for stage_dir in run.stages():
             notify("skip", stage=stage_dir.name)
         return _result(run)
+    live = _load(recipe, run, notify, world)
+    live.evaluate_before_training()
+    for i, plan in enumerate(live.plans):
+        stage_dir = run.stage(i)
+        if stage_dir.is_done():  # finished earlier: bring its adapter back, frozen, and move on
+            live.reload_finished_stage(stage_dir, plan)
+            continue
+        seconds: dict[str, float] = {}  # the wall time of each part of the stage this process ran
+        init_report = live.attach_adapters(i)
+        ctx = live.stage_context(i)
+        live.size_micro_batch(ctx)
+        live.measure_teacher_lift(ctx, seconds)
+        t0 = time.perf_counter()
+        final = timed(seconds, "train", live.train, ctx)  # a stage killed after training resumes with no step
+        combined = live.save(ctx)
+        stage_eval = live.evaluate_stage(ctx, seconds)
+        stage_drift = live.diagnose(ctx)
+        seconds.update(stage_drift.get("seconds", {}))
+        done = {
+            "adapters": plan.model_adapters,  # the adapters making up the evaluated model, in order
+            "init": plan.init,
+            "init_merge": init_report,  # merge init: task vectors, weights, relative Frobenius error per module
+            "combined_adapter": combined,  # combined_adapter/: one PEFT adapter, ΔW = sum of `adapters`
+            "train_seconds": time.perf_counter() - t0,  # training, saving, evaluating and diagnosing the stage
+            "final_step": final,
+            "seconds": seconds,  # each part this process ran: teacher_lift, train, eval, lm_eval, drift parts
+        }
+        distributed.on_main(partial(_finish_stage, stage_dir, stage_eval, stage_drift, done))
+    live.engines.close()
+    distributed.on_main(live.summarise)
+    return _result(run)
+
+
+def _load(recipe: RecipeConfig, run: RunDir, notify: Callable[..., Any], world: distributed.World) -> LiveRun:
+    """The domains, the adapters' stacking plan, the rollout engine and the base model, after seeding torch's RNG
+    with the recipe's seed (the adapters' initialisation draws from it)."""
     torch.manual_seed(recipe.seed)
     domains = [load_domain(d, recipe.seed, recipe.eval.examples_per_domain) for d in recipe.domains]
-    by_name = {d.name: d for d in domains}
     plans = plan_adapters(recipe)
-    engines = Engines(recipe, notify)
+    engines = Engines(recipe, notify)  # before the base: a missing vLLM is one line, not a loaded model later
     notify("load", model=recipe.model.name)
     base = load_base(recipe.model, recipe.quantization, world.device())
     notify("model", description=base.description)
-    model, tok = base.model, base.tokenizer
     engines.base = base
-    base_weights = BaseWeights()  # dequantised W0 for parameter drift, cached across stages
+    return LiveRun(recipe, run, notify, world, domains, plans, engines, base.model, base.tokenizer)
 
-    def progress(kind: str, stage_name: str, **info: Any) -> Callable[[int, int], None]:  # on_module / on_domain
-        return lambda done, total: notify(kind, stage=stage_name, done=done, total=total, **info)
 
-    def evaluate(stage_name: str, model_adapters: list[str] | None, only: list[Domain] | None = None) -> dict:
-        engine, n, max_tokens = engines.for_model(model), recipe.eval.examples_per_domain, recipe.eval_max_new_tokens
-        todo = domains if only is None else only
-        notify("eval", stage=stage_name, done=0, total=len(todo))
-        row = evaluate_all(engine, tok, todo, model_adapters, max_tokens, n, progress("eval", stage_name))
-        if only is None:
-            notify("evaluated", stage=stage_name, row=row)
-        return row
+@dataclass
+class LiveRun:
+    """A run while its stages train: the recipe, its directory and what `_load` loaded. `model` is the one model
+    of the run (the first adapter wraps the base in a PeftModel); its methods are the steps of `_run_recipe`."""
 
-    def probe_lm_eval(stage_dir: StageDir, model_adapters: list[str] | None) -> None:
-        """eval.lm_eval.tasks: lm-eval's metrics on the model as evaluated (`lm_eval_probes.py`)."""
-        if recipe.eval.lm_eval.tasks and not stage_dir.lm_eval.is_file():
-            from adaptercl.lm_eval_probes import lm_eval_probes
+    recipe: RecipeConfig
+    run: RunDir
+    notify: Callable[..., Any]
+    world: distributed.World
+    domains: list[Domain]
+    plans: list[AdapterPlan]
+    engines: Engines
+    model: torch.nn.Module
+    tokenizer: Any
+    base_weights: BaseWeights = field(default_factory=BaseWeights)  # dequantised W0 for drift, cached across stages
 
-            def probe() -> None:  # rank 0 alone: lm-eval runs whole there while the other ranks wait
-                engines.for_model(model).sleep()  # lm-eval's forwards: a colocated vLLM gives the card back
-                notify("lm_eval", stage=stage_dir.name, tasks=list(recipe.eval.lm_eval.tasks))
-                stage_dir.write_lm_eval(lm_eval_probes(model, tok, model_adapters, recipe.eval.lm_eval))
+    @property
+    def main(self) -> bool:
+        """Rank 0, the one that writes."""
+        return self.world.is_main
 
-            distributed.on_main(probe)
+    # ------------------------------------------------------------------------------------------ the steps
 
-    def complete_row(stage_dir: StageDir, model_adapters: list[str] | None) -> None:
-        """A grown run (`run_growth.py`): evaluate the domains it added on a finished stage's model."""
-        row = stage_dir.read_eval()
-        missing = distributed.broadcast_object([d for d in domains if d.name not in row])  # rank 0's view
-        if missing:
-            row.update(evaluate(stage_dir.name, model_adapters, missing))  # sharded over the ranks
-            distributed.on_main(lambda: stage_dir.write_eval({d.name: row[d.name] for d in domains}))
+    def evaluate_before_training(self) -> None:
+        """Row 0 of the accuracy matrix: every domain on the base (and the lm-eval probes), once."""
+        before = self.run.before
+        if not before.is_done():
+            seconds: dict[str, float] = {}
+            row = timed(seconds, "eval", self.evaluate, BEFORE_DIR, None)  # sharded over the ranks, gathered on each
+            distributed.on_main(lambda: before.write_eval(row))
+            if self.recipe.eval.lm_eval.tasks:
+                timed(seconds, "lm_eval", self.probe_lm_eval, before, None)
+            distributed.on_main(lambda: before.mark_done({"adapters": [], "seconds": seconds}))
+        self.complete_row(before, None)
 
-    def drift(i: int, plan: AdapterPlan) -> dict:
-        """Parameter and response drift vs the base, and the forward KL from the previous stage's policy; `seconds`:
-        the wall time of each."""
-        out, seconds, cfg, model_adapters, stage_name = {}, {}, recipe.eval, plan.model_adapters, run.stage(i).name
-        engines.for_model(model).sleep()  # awake since the evaluation: a colocated vLLM gives the card back
-        if cfg.parameter_drift:
-            on_module = progress("drift", stage_name, part="parameter")
-            out["parameter"] = timed(
-                seconds, "parameter_drift", parameter_drift_report,
-                model, model_adapters, base_weights, cfg.drift_top_k, cfg.drift_method, on_module,
-            )  # fmt: skip
-        if cfg.drift_probes:
-            engine, n, max_tokens = engines.for_model(model), cfg.drift_probes, recipe.eval_max_new_tokens
-            on_probe = progress("drift", stage_name, part="response")
-            out["response"] = timed(
-                seconds, "response_drift", response_drift,
-                model, tok, engine, domains, model_adapters, n, max_tokens, on_probe,
-            )  # fmt: skip
-        if cfg.stage_kl_prompts:  # diagnostics.stage_kl: forward KL from the previous stage's policy
-            stage, seed = recipe.stages[i], step_seed(recipe.seed, i, STAGE_KL_SEED)
-            engine, n, domain = engines.for_model(model), cfg.stage_kl_prompts, by_name[stage.domain]
-            previous, max_tokens = list(plan.previous), stage.rollout.max_new_tokens
-            on_response = progress("drift", stage_name, part="stage_kl")
-            out["stage_kl"] = timed(
-                seconds, "stage_kl", stage_kl,
-                model, tok, engine, domain, previous, model_adapters, n, max_tokens, seed, on_response,
-            )  # fmt: skip
-        return {**out, "seconds": seconds} if seconds else out
+    def reload_finished_stage(self, stage_dir: StageDir, plan: AdapterPlan) -> None:
+        """A stage finished earlier: its adapter loaded from disk (frozen), its row completed (a grown run)."""
+        self.model = ad.load_adapter(self.model, stage_dir.adapter, plan.adapter)
+        self.complete_row(stage_dir, stage_dir.read_done()["adapters"])
+        self.notify("skip", stage=stage_dir.name)
 
-    if not run.before.is_done():
-        seconds = {}
-        before = timed(seconds, "eval", evaluate, BEFORE_DIR, None)  # sharded over the ranks, gathered on each
-        distributed.on_main(lambda: run.before.write_eval(before))
-        if recipe.eval.lm_eval.tasks:
-            timed(seconds, "lm_eval", probe_lm_eval, run.before, None)
-        distributed.on_main(lambda: run.before.mark_done({"adapters": [], "seconds": seconds}))
-    complete_row(run.before, None)
-
-    for i, (stage, plan) in enumerate(zip(recipe.stages, plans)):
-        stage_dir = run.stage(i)
-        if stage_dir.is_done():  # finished earlier: bring its adapter back, frozen, and move on
-            model = ad.load_adapter(model, stage_dir.adapter, plan.adapter)
-            complete_row(stage_dir, stage_dir.read_done()["adapters"])
-            notify("skip", stage=stage_dir.name)
-            continue
-        inits = [s.adapter for s in recipe.stages[: i + 1]]
-        model, init_report = _attach_stage_adapter(model, stage, plans[: i + 1], inits, recipe.seed)
-        if main:
+    def attach_adapters(self, i: int) -> dict[str, Any] | None:
+        """Stage `i`'s adapter attached and initialised as its plan says (new, continue or merge: `continual.py`),
+        the one trainable adapter over the frozen ones; its folder made, and a fresh start's step logs cleared.
+        Returns the merge report (merge init)."""
+        stage, plan, stage_dir = self.recipe.stages[i], self.plans[i], self.run.stage(i)
+        self.model = ad.attach_adapter(self.model, plan.adapter, stage.lora)  # the first wraps the base in a PeftModel
+        init_report = None
+        if plan.copy_from is not None:  # continue
+            ad.copy_adapter(self.model, plan.copy_from, plan.adapter)
+        if plan.init == "merge":  # of the earlier stages' task vectors (continual.py)
+            inits = [s.adapter for s in self.recipe.stages[: i + 1]]
+            init_report = init_adapter_from_merge(self.model, self.plans[: i + 1], inits, self.recipe.seed)
+        ad.use_adapters(self.model, plan.model_adapters, trainable=plan.adapter)
+        if self.main:
             stage_dir.path.mkdir(parents=True, exist_ok=True)
             if not has_checkpoint(stage_dir.checkpoint):  # a fresh start; with a checkpoint the stage resumes
                 stage_dir.metrics.unlink(missing_ok=True)
                 stage_dir.samples.unlink(missing_ok=True)
-        # the self-teacher starts from the student as it is now; saved with the stage, then removed from the model
-        teacher, seconds = None, {}  # seconds: the wall time of each part of the stage this process ran
+        return init_report
+
+    def stage_context(self, i: int) -> StageContext:
+        """What stage `i` is handed, with its self-teacher when the method has one: the teacher starts from the
+        student as it is now, is saved with the stage, then removed from the model (`save`)."""
+        stage, plan, stage_dir = self.recipe.stages[i], self.plans[i], self.run.stage(i)
+        teacher = None
         if METHODS[stage.method].needs_teacher:
-            teacher = create_teacher(model, plan.adapter, list(plan.frozen), stage.distill.teacher)
-        earlier_domains = dict.fromkeys(s.domain for s in recipe.stages[:i] if s.domain != stage.domain)
-        ctx = StageContext(
-            recipe=recipe,
+            teacher = create_teacher(self.model, plan.adapter, list(plan.frozen), stage.distill.teacher)
+        by_name = {d.name: d for d in self.domains}
+        earlier_domains = dict.fromkeys(s.domain for s in self.recipe.stages[:i] if s.domain != stage.domain)
+        return StageContext(
+            recipe=self.recipe,
             index=i,
-            model=model,
-            tokenizer=tok,
-            engine=engines.for_model(model),
+            model=self.model,
+            tokenizer=self.tokenizer,
+            engine=self.engines.for_model(self.model),
             domain=by_name[stage.domain],
             student=plan.adapter,
             frozen=list(plan.frozen),
             previous=list(plan.previous),
             replay_domains=[by_name[d] for d in earlier_domains],  # regularizers.replay_fraction draws from these
             stage_dir=stage_dir.path,
-            base_weights=base_weights,
-            on_step=lambda step, m, kept, _n=stage_dir.name: notify(
+            base_weights=self.base_weights,
+            on_step=lambda step, m, kept, _n=stage_dir.name: self.notify(
                 "step", stage=_n, step=step, metrics=m, samples=kept
             ),
             teacher=teacher,
         )
-        chosen = choose_micro_batch(recipe, i, model, tok, [ctx.domain, *ctx.replay_domains], world.size)
-        ctx.micro_batch = chosen.rows  # optim.micro_batch_size (auto: sized to the card); None: grad_accum's split
+
+    def size_micro_batch(self, ctx: StageContext) -> None:
+        """`optim.micro_batch_size` (`micro_batch.py`; auto: sized to the card; None: grad_accum's split), said and
+        written to the stage's micro_batch.json."""
+        stage_dir, domains = self.run.stage(ctx.index), [ctx.domain, *ctx.replay_domains]
+        chosen = choose_micro_batch(self.recipe, ctx.index, self.model, self.tokenizer, domains, self.world.size)
+        ctx.micro_batch = chosen.rows
         if chosen.record is not None:
             distributed.on_main(partial(stage_dir.write_micro_batch, chosen.record))
-            notify("micro_batch", stage=stage_dir.name, line=chosen.line(), record=chosen.record)
-        lift_prompts = recipe.eval.teacher_lift_prompts
-        needs_lift = teacher is not None and lift_prompts and not stage_dir.teacher_lift.is_file()
-        if distributed.broadcast_object(needs_lift):  # before the first step; every rank measures, rank 0 writes
-            lift = timed(seconds, "teacher_lift", teacher_lift, ctx, lift_prompts, recipe.eval_max_new_tokens)
+            self.notify("micro_batch", stage=stage_dir.name, line=chosen.line(), record=chosen.record)
+
+    def measure_teacher_lift(self, ctx: StageContext, seconds: dict[str, float]) -> None:
+        """Before the first step, with `eval.teacher_lift_prompts`: the teacher's lift over the student
+        (`diagnostics.teacher_lift`); every rank measures, rank 0 writes. A resumed stage keeps its file."""
+        stage_dir, lift_prompts = self.run.stage(ctx.index), self.recipe.eval.teacher_lift_prompts
+        needs_lift = ctx.teacher is not None and lift_prompts and not stage_dir.teacher_lift.is_file()
+        if distributed.broadcast_object(needs_lift):
+            max_tokens = self.recipe.eval_max_new_tokens
+            lift = timed(seconds, "teacher_lift", teacher_lift, ctx, lift_prompts, max_tokens)
             distributed.on_main(partial(stage_dir.write_teacher_lift, {**lift, "seconds": seconds["teacher_lift"]}))
-            notify("teacher_lift", stage=stage_dir.name, lift=stage_dir.read_teacher_lift())
-        notify("stage", stage=stage_dir.name, steps=stage.optim.steps, method=stage.method, init=plan.init)
-        t0 = time.perf_counter()
-        final = timed(seconds, "train", run_stage, ctx)  # a stage killed after training resumes with no step
-        ad.set_trainable(model, None)
-        model_adapters = plan.model_adapters
+            self.notify("teacher_lift", stage=stage_dir.name, lift=stage_dir.read_teacher_lift())
+
+    def train(self, ctx: StageContext) -> int:
+        """The stage's steps (`stage.run_stage`, from its checkpoint when there is one); returns the last step."""
+        stage, plan = ctx.stage, self.plans[ctx.index]
+        self.notify(
+            "stage", stage=self.run.stage(ctx.index).name, steps=stage.optim.steps, method=stage.method, init=plan.init
+        )
+        final = run_stage(ctx)
+        ad.set_trainable(self.model, None)
+        return final
+
+    def save(self, ctx: StageContext) -> dict:
+        """Rank 0 writes the stage's adapter, its teacher and the combined adapter (every rank holds the same
+        adapters); then the teacher leaves the model. Returns the combined adapter's report."""
+        plan, stage_dir, teacher = self.plans[ctx.index], self.run.stage(ctx.index), ctx.teacher
         combined: dict = {}
-        if main:  # every rank holds the same adapters; rank 0 writes them
-            ad.save_adapter(model, plan.adapter, stage_dir.adapter)
+        if self.main:
+            ad.save_adapter(self.model, plan.adapter, stage_dir.adapter)
             if teacher is not None:
-                teacher.save(model, stage_dir.teacher)
-            combined = write_combined_adapter(model, model_adapters, stage_dir.combined_adapter)
+                teacher.save(self.model, stage_dir.teacher)
+            combined = write_combined_adapter(self.model, plan.model_adapters, stage_dir.combined_adapter)
         if teacher is not None:
-            teacher.remove(model)
-        stage_eval = timed(seconds, "eval", evaluate, stage_dir.name, model_adapters)  # sharded over the ranks
-        if recipe.eval.lm_eval.tasks:
-            timed(seconds, "lm_eval", probe_lm_eval, stage_dir, model_adapters)  # rank 0, before done.json
-        stage_drift = drift(i, plan)  # whole on every rank (same weights, same seeds), written by rank 0
-        seconds.update(stage_drift.get("seconds", {}))
-        done = {
-            "adapters": model_adapters,  # the adapters making up the evaluated model, in order
-            "init": plan.init,
-            "init_merge": init_report,  # merge init: task vectors, weights, relative Frobenius error per module
-            "combined_adapter": combined,  # combined_adapter/: one PEFT adapter, ΔW = sum of `adapters`
-            "train_seconds": time.perf_counter() - t0,  # training, saving, evaluation and diagnostics
-            "final_step": final,
-            "seconds": seconds,  # each part this process ran: teacher_lift, train, eval, lm_eval, drift parts
-        }
-        distributed.on_main(partial(_finish_stage, stage_dir, stage_eval, stage_drift, done))
+            teacher.remove(self.model)
+        return combined
 
-    engines.close()
-    names = [d.name for d in recipe.domains]
+    def evaluate_stage(self, ctx: StageContext, seconds: dict[str, float]) -> dict:
+        """The stage's row of the accuracy matrix (sharded over the ranks), then the lm-eval probes (rank 0)."""
+        stage_dir, model_adapters = self.run.stage(ctx.index), self.plans[ctx.index].model_adapters
+        row = timed(seconds, "eval", self.evaluate, stage_dir.name, model_adapters)
+        if self.recipe.eval.lm_eval.tasks:
+            timed(seconds, "lm_eval", self.probe_lm_eval, stage_dir, model_adapters)  # before done.json
+        return row
 
-    def finish_run() -> None:
+    def diagnose(self, ctx: StageContext) -> dict:
+        """Parameter and response drift vs the base, and the forward KL from the previous stage's policy, with the
+        wall time of each (`seconds`); whole on every rank (same weights, same seeds), written by rank 0."""
+        i, plan, cfg, model, tok = ctx.index, self.plans[ctx.index], self.recipe.eval, self.model, self.tokenizer
+        out, seconds, model_adapters, stage_name = {}, {}, plan.model_adapters, self.run.stage(i).name
+        self.engines.for_model(model).sleep()  # awake since the evaluation: a colocated vLLM gives the card back
+        if cfg.parameter_drift:
+            on_module = self.progress("drift", stage_name, part="parameter")
+            out["parameter"] = timed(
+                seconds, "parameter_drift", parameter_drift_report,
+                model, model_adapters, self.base_weights, cfg.drift_top_k, cfg.drift_method, on_module,
+            )  # fmt: skip
+        if cfg.drift_probes:
+            engine, n, max_tokens = self.engines.for_model(model), cfg.drift_probes, self.recipe.eval_max_new_tokens
+            on_probe = self.progress("drift", stage_name, part="response")
+            out["response"] = timed(
+                seconds, "response_drift", response_drift,
+                model, tok, engine, self.domains, model_adapters, n, max_tokens, on_probe,
+            )  # fmt: skip
+        if cfg.stage_kl_prompts:  # diagnostics.stage_kl: forward KL from the previous stage's policy
+            stage, seed = self.recipe.stages[i], step_seed(self.recipe.seed, i, STAGE_KL_SEED)
+            engine, n, previous = self.engines.for_model(model), cfg.stage_kl_prompts, list(plan.previous)
+            max_tokens, on_response = stage.rollout.max_new_tokens, self.progress("drift", stage_name, part="stage_kl")
+            out["stage_kl"] = timed(
+                seconds, "stage_kl", stage_kl,
+                model, tok, engine, ctx.domain, previous, model_adapters, n, max_tokens, seed, on_response,
+            )  # fmt: skip
+        return {**out, "seconds": seconds} if seconds else out
+
+    def summarise(self) -> None:
+        """summary.json (the accuracy matrix and the continual-learning metrics), then the report (rank 0)."""
+        run, names = self.run, [d.name for d in self.recipe.domains]
         rows = [s.read_eval() for s in [run.before, *run.stages()]]
         accuracy = [[row[n]["accuracy"] for n in names] for row in rows]
         run.write_summary(
@@ -295,15 +335,54 @@ def _run_recipe(
                 "domains": names,
                 "stages": [BEFORE_DIR] + [s.name for s in run.stages()],
                 "accuracy": accuracy,
-                "stage_adapters": [[]] + [p.model_adapters for p in plans],
-                "cl_metrics": cl_metrics(accuracy, [names.index(s.domain) for s in recipe.stages]),
+                "stage_adapters": [[]] + [p.model_adapters for p in self.plans],
+                "cl_metrics": cl_metrics(accuracy, [names.index(s.domain) for s in self.recipe.stages]),
             }
         )
-        notify("finished", summary=run.read_summary())
+        self.notify("finished", summary=run.read_summary())
         write_report(run.path)
 
-    distributed.on_main(finish_run)
-    return _result(run)
+    # ---------------------------------------------------------------------------- what the steps share
+
+    def progress(self, kind: str, stage_name: str, **info: Any) -> Callable[[int, int], None]:
+        """An on_module / on_domain callback telling `notify` of `kind` progress."""
+        return lambda done, total: self.notify(kind, stage=stage_name, done=done, total=total, **info)
+
+    def evaluate(self, stage_name: str, model_adapters: list[str] | None, only: list[Domain] | None = None) -> dict:
+        """Accuracy of every domain (or `only` these) under `model_adapters`, sharded over the ranks."""
+        engine, n, max_tokens = (
+            self.engines.for_model(self.model),
+            self.recipe.eval.examples_per_domain,
+            self.recipe.eval_max_new_tokens,
+        )
+        todo = self.domains if only is None else only
+        self.notify("eval", stage=stage_name, done=0, total=len(todo))
+        on_domain = self.progress("eval", stage_name)
+        row = evaluate_all(engine, self.tokenizer, todo, model_adapters, max_tokens, n, on_domain)
+        if only is None:
+            self.notify("evaluated", stage=stage_name, row=row)
+        return row
+
+    def probe_lm_eval(self, stage_dir: StageDir, model_adapters: list[str] | None) -> None:
+        """eval.lm_eval.tasks: lm-eval's metrics on the model as evaluated (`lm_eval_probes.py`)."""
+        lm_eval = self.recipe.eval.lm_eval
+        if lm_eval.tasks and not stage_dir.lm_eval.is_file():
+            from adaptercl.lm_eval_probes import lm_eval_probes
+
+            def probe() -> None:  # rank 0 alone: lm-eval runs whole there while the other ranks wait
+                self.engines.for_model(self.model).sleep()  # lm-eval's forwards: a colocated vLLM gives the card back
+                self.notify("lm_eval", stage=stage_dir.name, tasks=list(lm_eval.tasks))
+                stage_dir.write_lm_eval(lm_eval_probes(self.model, self.tokenizer, model_adapters, lm_eval))
+
+            distributed.on_main(probe)
+
+    def complete_row(self, stage_dir: StageDir, model_adapters: list[str] | None) -> None:
+        """A grown run (`run_growth.py`): evaluate the domains it added on a finished stage's model."""
+        row = stage_dir.read_eval()
+        missing = distributed.broadcast_object([d for d in self.domains if d.name not in row])  # rank 0's view
+        if missing:
+            row.update(self.evaluate(stage_dir.name, model_adapters, missing))  # sharded over the ranks
+            distributed.on_main(lambda: stage_dir.write_eval({d.name: row[d.name] for d in self.domains}))
 
 
 def timed(seconds: dict[str, float], name: str, fn: Callable[..., T], *args: Any) -> T:
@@ -322,55 +401,6 @@ def _finish_stage(stage_dir: StageDir, stage_eval: dict, stage_drift: dict, done
     shutil.rmtree(stage_dir.checkpoint, ignore_errors=True)  # the finished stage needs no resume point
 
 
-def _attach_stage_adapter(
-    model: torch.nn.Module, stage: Any, plans: list[AdapterPlan], inits: list[AdapterInitConfig], seed: int
-) -> tuple[torch.nn.Module, dict[str, Any] | None]:
-    """Attach the stage's adapter (`plans[-1]`; `plans`, `inits`: the stages so far and their `adapter` blocks),
-    initialised as its plan says, as the one trainable adapter over the frozen ones. Returns the model (the first
-    adapter wraps the base in a PeftModel) and the merge report (merge init)."""
-    plan = plans[-1]
-    model = ad.attach_adapter(model, plan.adapter, stage.lora)
-    init_report = None
-    if plan.copy_from is not None:  # continue
-        ad.copy_adapter(model, plan.copy_from, plan.adapter)
-    if plan.init == "merge":  # of the earlier stages' task vectors (continual.py)
-        init_report = init_adapter_from_merge(model, plans, inits, seed)
-    ad.use_adapters(model, plan.model_adapters, trainable=plan.adapter)
-    return model, init_report
-
-
 def _result(run: RunDir) -> RunResult:
     summary = run.read_summary()
     return RunResult(run.path, summary["domains"], summary["accuracy"], summary["stage_adapters"])
-
-
-class Engines:
-    """The run's rollout engine: the hf engine runs on the live training model; a vllm engine (in process) or
-    vllm_server engine (a client of a running server) is one per run, created on first use and closed at the end."""
-
-    def __init__(self, recipe: RecipeConfig, notify: Callable[..., Any]):
-        self.recipe, self.notify = recipe, notify
-        self.rollout = recipe.stages[0].rollout  # the engine settings are the same in every stage (config validates)
-        self.kind = ENGINES[self.rollout.engine]
-        self.base = None
-        self.vllm = None  # the per-run engine (vllm, vllm_server)
-        if self.kind.needs_local_vllm:
-            from adaptercl.vllm_settings import require_vllm
-
-            require_vllm()  # a one-line error before the base loads
-
-    def for_model(self, model: torch.nn.Module) -> Any:
-        """The engine for the model as it is now (the base loaded first: `self.base`)."""
-        if self.kind.home is None:  # hf: generate on the live training model
-            tok = self.base.tokenizer
-            return HFEngine(model, tok, batch_size=self.rollout.batch_size, fold_lora=self.rollout.fold_lora)
-        if self.vllm is None:
-            module, name = self.kind.home.split(":")
-            self.vllm = getattr(import_module(module), name).from_recipe(self.recipe, self.base, model)
-            self.notify("engine", description=self.vllm.description)
-        self.vllm.model = model  # the first adapter wraps the base in a PeftModel
-        return self.vllm
-
-    def close(self) -> None:
-        if self.vllm is not None:
-            self.vllm.close()

@@ -38,6 +38,7 @@ import yaml
 
 from adaptercl.atomic import write_json, write_text
 from adaptercl.config import RecipeConfig, RecipeError, resolve_recipe
+from adaptercl.continual import stage_dir_name
 from adaptercl.recipe import resolved_yaml
 from adaptercl.run_growth import growth_refusal
 
@@ -46,11 +47,6 @@ SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 PLOTS_DIR = "plots"
 BEFORE_DIR = "stage-00-before"
-
-
-def stage_dir_name(recipe: RecipeConfig, index: int) -> str:
-    """Directory (and adapter) name of stage `index` (0-based): stage-01-<name>."""
-    return f"stage-{index + 1:02d}-{recipe.stages[index].name}"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Self-teachers for SDPO, SDFT and hybrid stages: the teacher kinds on the one base model.
 
-The teacher's prompts (SDPO reprompts, SDFT demonstrations) are built in `teacher_prompts.py`.
+The teacher's prompts (SDPO reprompts, SDFT demonstrations) are built in `teacher_prompts.py`; the EMA of ΔW and
+the trust-region mixture, as pure tensor functions, are in `teacher_mixing.py`.
 
 Teacher kinds (`create_teacher`), all on the one base model as a named LoRA adapter or the disabled adapter;
 never a second base, only adapter-sized tensors (docs/design.md §3):
@@ -59,49 +60,13 @@ from torch import Tensor
 
 from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state, lora_parameters, save_adapter
 from adaptercl.atomic import atomic_dir
-from adaptercl.batching import TokenBatch, at_least_float32
-from adaptercl.chunked_logits import ResponseScores, response_scores
-from adaptercl.losses import trust_region_teacher_logits
+from adaptercl.batching import ResponseScores, TokenBatch, at_least_float32, response_scores
 from adaptercl.method_config import TeacherAutocast, TeacherConfig, TeacherKind
+from adaptercl.teacher_mixing import ema_lora_factors, trust_region_teacher_logits
 from adaptercl.teacher_schedule import GateState, clock_refresh, gate_step
 
 STATE_FILE = "teacher.json"
 ADAPTER_DIR = "adapter"
-
-
-# ------------------------------------------------------------------------------------------ EMA of ΔW (pure)
-
-
-def ema_lora_factors(
-    teacher_A: Tensor,
-    teacher_B: Tensor,
-    student_A: Tensor,
-    student_B: Tensor,
-    student_scaling: float,
-    tau: float,
-    rank: int,
-) -> tuple[Tensor, Tensor, float, float]:
-    """Best rank-`rank` factors (A [rank, in], B [out, rank], scaling 1) of M = (1-τ)·B_T A_T + τ·s·B_S A_S.
-
-    Works on the factors only: with Bc = [B_T, B_S] [out, k] and Ac = [(1-τ)A_T; τ·s·A_S] [k, in] (k = r_T + r),
-    Bc = Q_b R_b and Acᵀ = Q_a R_a, the sum is Q_b (R_b R_aᵀ) Q_aᵀ; the SVD U S Vᵀ of the small core gives
-    B = Q_b U_r √S_r and A = √S_r V_rᵀ Q_aᵀ (the Eckart–Young optimum, as `merging.refactorize` on the dense
-    matrix). Computed in float64. Also returns the Frobenius norms of the dropped part, sqrt(Σ_{i>rank} S_i²),
-    and of M.
-    """
-    dtype = torch.float64
-    b_cat = torch.cat([teacher_B.to(dtype), student_B.to(dtype)], dim=1)  # [out, k]
-    a_cat = torch.cat([(1.0 - tau) * teacher_A.to(dtype), (tau * student_scaling) * student_A.to(dtype)])  # [k, in]
-    q_b, r_b = torch.linalg.qr(b_cat)  # [out, m_b], [m_b, k]
-    q_a, r_a = torch.linalg.qr(a_cat.T)  # [in, m_a], [m_a, k]
-    u, s, vh = torch.linalg.svd(r_b @ r_a.T, full_matrices=False)  # core [m_b, m_a]
-    kept = min(rank, s.numel())
-    sqrt_s = s[:kept].sqrt()  # [kept]
-    B = torch.zeros(b_cat.shape[0], rank, dtype=dtype, device=b_cat.device)  # [out, rank]
-    A = torch.zeros(rank, a_cat.shape[1], dtype=dtype, device=a_cat.device)  # [rank, in]
-    B[:, :kept] = (q_b @ u[:, :kept]) * sqrt_s  # [out, kept]
-    A[:kept] = sqrt_s[:, None] * (q_a @ vh[:kept].T).T  # [kept, in]
-    return A, B, s[kept:].square().sum().sqrt().item(), s.square().sum().sqrt().item()
 
 
 # ------------------------------------------------------------------------------------------- teacher kinds
@@ -147,7 +112,7 @@ class Teacher:
     def scores(
         self, model: torch.nn.Module, batch: TokenBatch, temperature: float, chunk_size: int | None
     ) -> ResponseScores:
-        """The teacher's `chunked_logits.ResponseScores` on `batch`: full float32 logits / temperature when
+        """The teacher's `batching.ResponseScores` on `batch`: full float32 logits / temperature when
         `chunk_size` is None, else the final hidden states (the trust-region mixture taken on them: the LM head is
         linear, so it is the same mixture of logits)."""
         with _eval_mode(model), _autocast(model, self.autocast):

@@ -7,6 +7,10 @@
   `SuccessfulRolloutTeacherContextBuilder` (same regex, same templates, `dont_reprompt_on_self_success=True`,
   `environment_feedback_only_without_solution=True`).
 - `sdft_teacher_prompts`: the SDFT demonstration prompt from the example's `demonstration` field.
+- `hybrid_teacher_prompts`: the hybrid's sparse choice (`hybrid.py`).
+`TEACHER_PROMPTS` holds each self-teacher method's builder under one signature (`TeacherPromptBuilder`): the
+training step (`distill_targets`) and the teacher lift (`diagnostics`) call it; `methods.METHODS` says which methods
+have one (`needs_teacher`), and the two are checked to agree.
 - `srpo_teacher_prompts`: SRPO's routing (`srpo_routes`, docs/design.md §4a): only a sample that failed and has a
   successful sibling gets a context, SDPO's reprompt with that sibling; every other sample goes to GRPO.
 The teacher message keeps every message before the last user turn (system messages, earlier turns, as TRL
@@ -17,9 +21,11 @@ does) and replaces that turn with the reprompt. A sample with no context keeps i
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from adaptercl.method_config import DistillConfig
+from adaptercl.method_config import DistillConfig, HybridConfig
+from adaptercl.methods import METHODS
 
 THINK_BLOCK = re.compile(r"<think>.*?</think>", flags=re.DOTALL)
 
@@ -228,3 +234,40 @@ def srpo_teacher_prompts(
         else:
             out.append(prompts[i], has_target=False)
     return out
+
+
+# ------------------------------------------------------------------------------------ the builder of each method
+
+Messages = list[dict[str, str]]
+
+# (prompts [N], responses [N], succeeded [N] (`domains.is_success`), feedbacks [N], demonstrations [N], group size,
+# the stage's distill and hybrid blocks) -> the teacher's prompts [N]
+TeacherPromptBuilder = Callable[
+    [list[Messages], list[str], list[bool], list["str | None"], list["str | None"], int, DistillConfig, HybridConfig],
+    TeacherPrompts,
+]
+
+
+def _sdpo(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
+    return sdpo_teacher_prompts(prompts, responses, succeeded, feedbacks, group_size, distill)
+
+
+def _sdft(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
+    return sdft_teacher_prompts(prompts, demonstrations, succeeded, distill)
+
+
+def _hybrid(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
+    failed_groups_only = hybrid.distill_on == "failed_groups"
+    return hybrid_teacher_prompts(
+        prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, failed_groups_only
+    )
+
+
+def _srpo(prompts, responses, succeeded, feedbacks, demonstrations, group_size, distill, hybrid) -> TeacherPrompts:
+    return srpo_teacher_prompts(prompts, responses, succeeded, group_size, distill)
+
+
+TEACHER_PROMPTS: dict[str, TeacherPromptBuilder] = {"sdpo": _sdpo, "sdft": _sdft, "hybrid": _hybrid, "srpo": _srpo}
+assert set(TEACHER_PROMPTS) == {name for name, spec in METHODS.items() if spec.needs_teacher}, (
+    "TEACHER_PROMPTS has a builder for every method of METHODS with a self-teacher, and only those"
+)

@@ -1,6 +1,6 @@
 """When a teacher that is frozen between refreshes copies the student in: the gate of `gated` (CGTR) and the clock of
 `restart_freeze` / `lag`. Pure: numbers in, decisions out; `teacher.Teacher.update` does the copying. No torch import
-(the recipe grammar checks the first possible refresh with `first_gated_check`).
+(the recipe grammar checks the first possible refresh with `method_config.first_gated_check`).
 
 `gated` (Consolidation-Gated Teacher Refresh, arXiv 2606.03532; docs/design.md §4a): the teacher stays frozen; after
 every optimiser step the step's training rollouts of the stage's own prompts (replayed earlier domains left out)
@@ -97,12 +97,6 @@ def gate_step(
     if refresh:
         new = replace(new, reward_ref=reward_now, p95_ref=p95_now, ref_step=step)
     return new, refresh, log
-
-
-def first_gated_check(window: int, every: int) -> int:
-    """The first step at which a `gated` teacher can refresh: the first multiple of `every` after the baseline's
-    step `window`."""
-    return (window // every + 1) * every
 
 
 def clock_refresh(step: int, every: int) -> bool:

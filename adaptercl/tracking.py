@@ -37,8 +37,9 @@ from urllib.parse import urlparse
 
 from adaptercl.atomic import write_json
 from adaptercl.config import RecipeConfig, RecipeError
+from adaptercl.continual import stage_dir_name
 from adaptercl.rollout_samples import SAMPLE_COLUMNS, markdown_table
-from adaptercl.run_dir import BEFORE_DIR, stage_dir_name
+from adaptercl.run_dir import BEFORE_DIR
 
 TRACKING_FILE = "tracking.json"  # in output_dir: each tracker's run (wandb id, trackio name), for a resume
 

@@ -40,14 +40,8 @@ import torch
 
 from adaptercl import distributed, losses
 from adaptercl.adapters import active_adapters, lora_parameters
-from adaptercl.batching import TokenBatch
-from adaptercl.chunked_logits import (
-    TokenTerms,
-    resolve_logits_chunk_size,
-    response_scores,
-    token_logprobs,
-    token_terms,
-)
+from adaptercl.batching import TokenBatch, response_scores
+from adaptercl.chunked_logits import TokenTerms, resolve_logits_chunk_size, token_logprobs, token_terms
 from adaptercl.distill_targets import DistillTargets
 from adaptercl.loss_terms import policy_term, weighted_distillation
 from adaptercl.methods import METHODS

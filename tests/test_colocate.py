@@ -21,8 +21,8 @@ from adaptercl import distributed
 from adaptercl.config import ModelConfig, RecipeError, resolve_recipe
 from adaptercl.distributed import World
 from adaptercl.model import load_base
+from adaptercl.preflight import check_world
 from adaptercl.rollout import SamplingParams, row_seed
-from adaptercl.run import check_world
 
 
 def test_tensor_parallel_size_must_divide_the_world_size(tmp_path):

@@ -1,5 +1,5 @@
 """Tests for adaptercl's distillation losses: divergences over full / top-k / sampled support, importance weights,
-token masks and the trust-region teacher mix, by hand computation and against TRL 1.16's experimental SDPO/SDFT
+token masks, by hand computation and against TRL 1.16's experimental SDPO/SDFT
 loss_utils."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from adaptercl.losses import (
     distillation_token_mask,
     gather_logprobs,
     importance_weights,
-    trust_region_teacher_logits,
 )
 
 D = torch.float64
@@ -213,16 +212,6 @@ def test_distillation_token_mask_ratio_statistics_and_seeding():
     assert torch.equal(mask, again)
     with pytest.raises(ValueError):
         distillation_token_mask(response, mask_ratio=1.0)
-
-
-def test_trust_region_teacher_logits_hand_value_and_detached():
-    ref = torch.tensor([[[1.0, 2.0]]])
-    student = torch.tensor([[[3.0, 0.0]]], requires_grad=True)
-    mixed = trust_region_teacher_logits(ref, student, coef=0.25)
-    torch.testing.assert_close(mixed, torch.tensor([[[1.5, 1.5]]]))
-    assert not mixed.requires_grad
-    with pytest.raises(ValueError):
-        trust_region_teacher_logits(ref, student, coef=1.5)
 
 
 # ------------------------------------------------------------- aggregated loss against TRL's SDPO / SDFT trainers

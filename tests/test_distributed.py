@@ -17,7 +17,8 @@ import torch
 from adaptercl.config import RecipeError, resolve_recipe
 from adaptercl.distributed import World, shard_bounds
 from adaptercl.losses import aggregate, aggregate_denominator, micro_batch_aggregate
-from adaptercl.run import check_world, run_recipe
+from adaptercl.preflight import check_world
+from adaptercl.run import run_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent

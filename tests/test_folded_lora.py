@@ -100,7 +100,7 @@ def raw_recipe(out, stage_two_rollout=None):
 
 
 def test_recipe_fold_lora_reaches_the_engine_and_must_agree_across_stages(tmp_path, monkeypatch):
-    import adaptercl.run as run_module  # the run builds its hf engine
+    import adaptercl.rollout.engines as engines_module  # the run builds its hf engine there
     from adaptercl.config import RecipeError, resolve_recipe
     from adaptercl.run import run_recipe
 
@@ -113,7 +113,7 @@ def test_recipe_fold_lora_reaches_the_engine_and_must_agree_across_stages(tmp_pa
     def recording_engine(model, tokenizer, **kwargs):
         raise EngineBuilt(kwargs)
 
-    monkeypatch.setattr(run_module, "HFEngine", recording_engine)
+    monkeypatch.setattr(engines_module, "HFEngine", recording_engine)
     with pytest.raises(EngineBuilt) as built:
         run_recipe(resolve_recipe(raw_recipe(tmp_path / "run")))
     assert built.value.args[0]["fold_lora"] is False

@@ -116,12 +116,12 @@ def assert_same_step(reference, other) -> None:
 @pytest.mark.parametrize("case", list(CASES))
 def test_chunked_logits_give_the_full_logits_gradients_and_statistics(tmp_path, case, monkeypatch):
     reference = one_step(tmp_path / "full", case)  # CPU default: off
-    from adaptercl import chunked_logits
+    from adaptercl.batching import ResponseScores
 
     widths = []
-    original = chunked_logits.ResponseScores.chunk_logits
+    original = ResponseScores.chunk_logits
     monkeypatch.setattr(
-        chunked_logits.ResponseScores,
+        ResponseScores,
         "chunk_logits",
         lambda self, hidden: widths.append(hidden.shape[1]) or original(self, hidden),
     )

@@ -33,7 +33,7 @@ from adaptercl.recipe import load_recipe
 from adaptercl.rollout import Completion
 from adaptercl.run import run_recipe
 from adaptercl.srpo import routed_step, teacher_entropy
-from adaptercl.teacher_prompts import sdpo_teacher_prompts, srpo_route_stats, srpo_routes
+from adaptercl.teacher_prompts import TEACHER_PROMPTS, sdpo_teacher_prompts, srpo_route_stats, srpo_routes
 from adaptercl.train_step import train_on_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,7 +69,7 @@ def test_srpo_teacher_prompts_show_the_first_correct_sibling_to_the_sdpo_route_o
     responses = [f"answer-{i}" for i in range(16)]
     feedback = ["that is wrong"] * 16  # SRPO routes by siblings: feedback never makes a target
     succeeded = [s >= 0.5 for s in SCORES]
-    shown = METHODS["srpo"].teacher_prompts(prompts, responses, succeeded, feedback, [None] * 16, G, distill, None)
+    shown = TEACHER_PROMPTS["srpo"](prompts, responses, succeeded, feedback, [None] * 16, G, distill, None)
     assert shown.has_target == ROUTES
     sdpo = sdpo_teacher_prompts(prompts, responses, succeeded, [None] * 16, G, distill)
     assert sdpo.has_target[0] and not shown.has_target[0]  # SDPO distils a success with a correct sibling; SRPO not

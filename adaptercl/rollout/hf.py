@@ -3,9 +3,10 @@
 It runs on the same PeftModel the trainer updates, so rollouts are exactly on-policy and adapter "sync" is free.
 Prompts that begin alike (a group's samples, a few-shot example, the chat header) are prefilled with each shared
 prefix computed once (`prefix_sharing`); otherwise they are left-padded per batch. Per-token logprobs (under
-logits / temperature, the trainer's definition) are computed on request by one no-grad teacher-forced forward,
-because transformers' `output_logits` would keep a [batch, vocab] tensor per generated token. While decoding, the
-active LoRA adapters are folded into float32 base weights (`folded_lora`); logprobs are computed unfolded.
+logits / temperature, the trainer's definition) are computed on request by one no-grad teacher-forced forward
+(`response_logprobs`, also the reference the vLLM engines' logprobs are tested against), because transformers'
+`output_logits` would keep a [batch, vocab] tensor per generated token. While decoding, the active LoRA adapters
+are folded into float32 base weights (`folded_lora`); logprobs are computed unfolded.
 
 Seeding: each generate batch of `batch_size` rows is seeded with the seed of its first row (`rollout.row_seed` of
 `params.seed` and the global row index `params.first_row` + offset), so a data-parallel rank whose share is a whole
@@ -21,7 +22,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from adaptercl.adapters import active_adapters
-from adaptercl.batching import response_logprobs
+from adaptercl.batching import build_batch, response_logits
 from adaptercl.prefix_sharing import CACHE, output_cache, prefill, prefix_layout
 from adaptercl.rollout import Completion, SamplingParams, row_seed
 from adaptercl.rollout.folded_lora import folded_lora
@@ -110,6 +111,18 @@ class HFEngine:
                 )
             )
         return completions
+
+
+@torch.no_grad()
+def response_logprobs(
+    model: torch.nn.Module, completions: list[Completion], pad_id: int, temperature: float
+) -> list[list[float]]:
+    """Per-token logprobs of each completion's tokens under logits / temperature (teacher-forced, no grad)."""
+    batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], pad_id)
+    batch = batch.to(next(model.parameters()).device)
+    logits = response_logits(model, batch, temperature=temperature)  # [N, R, V]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # [N, R]
+    return [logp[i, : len(c.token_ids)].tolist() for i, c in enumerate(completions)]
 
 
 def _prompt_inputs(

@@ -62,18 +62,16 @@ from transformers import PreTrainedTokenizerBase
 from adaptercl import distributed
 from adaptercl.config import RecipeConfig, RecipeError
 from adaptercl.continual import max_served_rank
-from adaptercl.micro_batch import card_gib
-from adaptercl.model import servable_base_path
+from adaptercl.model import card_gib, servable_base_path
 from adaptercl.model_shapes import shape_from_config
 from adaptercl.rollout import Completion, SamplingParams, row_requests
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.colocate import launcher_kwargs, tensor_parallel_group
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
 from adaptercl.vllm_memory import vllm_utilization
-from adaptercl.vllm_settings import (  # noqa: F401 - INSTALL_HINT re-exported for callers of this module
+from adaptercl.vllm_settings import (
     BNB_PLUGIN_HINT,
     CPU_KV_CACHE_BYTES,
-    INSTALL_HINT,
     bitsandbytes_provider,
     default_max_model_len,
     require_vllm,

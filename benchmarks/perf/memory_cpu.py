@@ -76,11 +76,11 @@ def child_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
     from adaptercl.adapters import attach_adapter, use_adapters
     from adaptercl.config import resolve_recipe
+    from adaptercl.continual import stage_dir_name
     from adaptercl.domains import load_domain
     from adaptercl.methods import METHODS
     from adaptercl.model import load_base
     from adaptercl.rollout.hf import HFEngine
-    from adaptercl.run_dir import stage_dir_name
     from adaptercl.stage import run_stage
     from adaptercl.stage_context import StageContext
     from adaptercl.teacher import create_teacher

@@ -107,10 +107,10 @@ def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
 
     from adaptercl.adapters import attach_adapter, use_adapters
     from adaptercl.config import resolve_recipe
+    from adaptercl.continual import stage_dir_name
     from adaptercl.domains import Domain, RewardResult, load_domain
     from adaptercl.model import load_base
     from adaptercl.rollout.hf import HFEngine
-    from adaptercl.run_dir import stage_dir_name
     from adaptercl.stage_context import StageContext
 
     alarms = ("nonfinite", "divergence_collapse", "target_starvation", "repetition", "entropy_collapse")
