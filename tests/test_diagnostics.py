@@ -224,6 +224,7 @@ def test_the_engine_sleeps_before_every_diagnostic_forward(tmp_path, monkeypatch
     calls; the diagnostics' forwards are recorded where the run calls them."""
     from adaptercl import diagnostics, drift
     from adaptercl import run as run_module
+    from adaptercl.rollout import engines as engines_module
 
     log: list[str] = []
 
@@ -238,7 +239,7 @@ def test_the_engine_sleeps_before_every_diagnostic_forward(tmp_path, monkeypatch
     def recorded(name, fn):
         return lambda *args, **kwargs: log.append(name) or fn(*args, **kwargs)
 
-    monkeypatch.setattr(run_module, "HFEngine", Recording)
+    monkeypatch.setattr(engines_module, "HFEngine", Recording)
     monkeypatch.setattr(run_module, "parameter_drift_report", recorded("forward", run_module.parameter_drift_report))
     monkeypatch.setattr(drift, "token_scores", recorded("forward", drift.token_scores))
     monkeypatch.setattr(diagnostics, "token_scores", recorded("forward", diagnostics.token_scores))
