@@ -27,8 +27,8 @@ Every subcommand parses, calls one function and returns an exit code. Recipe and
 (`RecipeError`, a rollout server that does not answer before the run starts among them) print one line
 `error: ...` and exit 2, never a traceback; a rollout server that becomes unreachable or fails during the run
 (`RolloutServerError`) prints one line and exits 3 (the run keeps its last checkpoint: rerun to resume); a
-lost data-parallel rank (`distributed.RankLost`) prints one line and exits 1. `recipe run` under torchrun /
-accelerate launch trains data-parallel (`distributed.py`).
+lost data-parallel rank (`system.distributed.RankLost`) prints one line and exits 1. `recipe run` under torchrun /
+accelerate launch trains data-parallel (`system/distributed.py`).
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ import os
 import sys
 from typing import Any
 
-from adaptercl.config import RecipeError
+from adaptercl.recipe import RecipeError
 from adaptercl.rollout import RolloutServerError
 
-PLAN_CARDS = ("rtx3090", "rtx4090")  # wall_time.CARDS (not imported here: the command starts light)
+PLAN_CARDS = ("rtx3090", "rtx4090")  # plan.wall_time.CARDS (not imported here: the command starts light)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "recipe":
             return _recipe(args)
         if args.command == "report":
-            from adaptercl.report import write_report
+            from adaptercl.measure import write_report
 
             print(write_report(args.run_dir))
             return 0
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "merge":
             return _merge(args)
         if args.command == "export":
-            from adaptercl.export import export_run
+            from adaptercl.ship import export_run
 
             print(export_run(args.run_dir, args.out, merged=args.merged))
             return 0
@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 3
     except RuntimeError as err:
-        from adaptercl.distributed import RankLost
+        from adaptercl.system import RankLost
 
         if not isinstance(err, RankLost):
             raise
@@ -138,8 +138,8 @@ def _recipe(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.file, args.overrides)
     if args.action == "validate":
-        from adaptercl.engine_choice import resolve_engine
-        from adaptercl.preflight import decision_lines, preflight
+        from adaptercl.rollout import resolve_engine
+        from adaptercl.run import decision_lines, preflight
 
         recipe, choice = resolve_engine(recipe)
         preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
@@ -147,14 +147,14 @@ def _recipe(args: argparse.Namespace) -> int:
         print("".join(f"  {line}\n" for line in decision_lines(recipe)), end="")
         return 0
     if args.action == "serve":
-        from adaptercl.serve import rollout_server_command, serve_rollouts
+        from adaptercl.ship import rollout_server_command, serve_rollouts
 
         return _serve_with(args, rollout_server_command, serve_rollouts, recipe)
     if args.action == "show":
         print(resolved_yaml(recipe), end="")
         return 0
     if args.action == "plan":
-        from adaptercl.memory_plan import plan_recipe
+        from adaptercl.plan import plan_recipe
 
         plan = plan_recipe(recipe, args.gpu_memory, args.prompt_tokens, args.card)
         print(plan.render())
@@ -166,8 +166,8 @@ def _recipe(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from adaptercl.eval_only import evaluate_adapters, evaluate_run, format_summary
     from adaptercl.recipe import load_recipe
+    from adaptercl.run import evaluate_adapters, evaluate_run, format_summary
 
     if args.file is not None and "=" in args.file and not os.path.isfile(args.file):  # overrides, no recipe
         args.file, args.overrides = None, [args.file, *args.overrides]
@@ -189,7 +189,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from adaptercl.adapter_merge import merge_adapter_folders
+    from adaptercl.adapters import merge_adapter_folders
 
     weights = None
     if args.weights is not None:
@@ -214,7 +214,7 @@ def _server_options(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from adaptercl.serve import serve, serve_command
+    from adaptercl.ship import serve, serve_command
 
     return _serve_with(args, serve_command, serve, args.export_dir)
 

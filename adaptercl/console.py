@@ -12,11 +12,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from adaptercl.config import RecipeConfig
-from adaptercl.distributed import launched_world
+from adaptercl.recipe import RecipeConfig
 from adaptercl.run import RunResult, run_recipe
+from adaptercl.system import launched_world
 
-# the end-of-stage diagnostics' progress events (run.py, `drift`): part -> (what is measured, unit of done/total)
+# the end-of-stage diagnostics' progress events (run/sequence.py, `drift`): part -> (what is measured, unit of
+# done/total)
 DRIFT_PARTS = {
     "parameter": ("parameter drift", "modules"),
     "response": ("response drift", "probes"),

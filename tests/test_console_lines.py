@@ -46,7 +46,7 @@ def recipe_run(tmp_path: Path, raw: dict, **env: str) -> subprocess.CompletedPro
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(raw))
     environ = {k: v for k, v in os.environ.items() if k not in ("TRANSFORMERS_VERBOSITY", "PYTHONWARNINGS")}
-    pythonpath = [str(REPO), str(REPO / "tests"), environ.get("PYTHONPATH", "")]  # this tree, tiny_rewards
+    pythonpath = [str(REPO), str(REPO / "tests" / "support"), environ.get("PYTHONPATH", "")]  # this tree, tiny_rewards
     environ.update(PYTHONPATH=os.pathsep.join(p for p in pythonpath if p), HF_HUB_OFFLINE="1", **env)
     return subprocess.run(
         [sys.executable, "-m", "adaptercl.cli", "recipe", "run", str(recipe)],
@@ -142,7 +142,7 @@ def test_only_the_bitsandbytes_kernels_notice_is_dropped(caplog):
     import logging
 
     import adaptercl  # noqa: F401 - installs the filter
-    from adaptercl.library_notices import BITSANDBYTES_CPU_LOGGER
+    from adaptercl.system.library_notices import BITSANDBYTES_CPU_LOGGER
 
     logger = logging.getLogger(BITSANDBYTES_CPU_LOGGER)
     with caplog.at_level(logging.WARNING):

@@ -1,13 +1,13 @@
 """`load_domain`: a `DomainConfig` -> a `Domain` (rows read, examples made, splits, hygiene). Deterministic per seed.
 
-Where rows come from (`domain_config.source_kind` tells the kinds apart; its docstring has the rule):
+Where rows come from (`recipe.domain_block.source_kind` tells the kinds apart; its docstring has the rule):
 - `builtin:NAME` -> `builtin.py` (generated, no files);
 - a local file (.jsonl, .json list of objects, .parquet, .csv): training rows; evaluation rows from `eval_file`
   when given, else held out from the training rows;
 - a local folder: `<train_split>.<ext>` and `<eval_split>.<ext>` inside it (e.g. gsm8k/train.jsonl, test.jsonl);
 - an http(s) URL of a data file: as a local file, read by `datasets.load_dataset("json" | "parquet" | "csv",
   data_files=URL)` (cached by `datasets`; `eval_file` may be a URL too). Needs datasets' offline mode off:
-  `HF_HUB_OFFLINE=1` blocks URLs as well, `HF_DATASETS_OFFLINE=0` lifts it for datasets only (`offline.py`).
+  `HF_HUB_OFFLINE=1` blocks URLs as well, `HF_DATASETS_OFFLINE=0` lifts it for datasets only (`system/offline.py`).
   Quietly (`_datasets_quiet`): no progress bars (one data file, before the run's own progress starts) and none of
   `datasets`' log records, whose errors become the one line naming the field (a file that does not parse names
   the parser's complaint);
@@ -40,14 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adaptercl.config import DomainConfig, RecipeError
-from adaptercl.domain_config import DATA_SUFFIXES, HUB_ID, hub_id, is_url, source_kind, url_suffix
 from adaptercl.domains.builtin import BUILTINS, load_builtin
 from adaptercl.domains.datasets_formats import FORMATS, MalformedRow, RowFormat, conversational_prompt
 from adaptercl.domains.domain import Domain, Example, RewardFn
 from adaptercl.domains.rewards import resolve_reward, with_feedback
 from adaptercl.domains.trl_rewards import TrlRewards, load_trl_rewards
-from adaptercl.offline import dataset_message, first_line
+from adaptercl.recipe import DATA_SUFFIXES, HUB_ID, DomainConfig, RecipeError, hub_id, is_url, source_kind, url_suffix
+from adaptercl.system import dataset_message, first_line
 
 log = logging.getLogger(__name__)
 

@@ -15,9 +15,8 @@ from typing import Any
 
 import torch
 
-from adaptercl.config import RecipeConfig
+from adaptercl.recipe import ENGINES, RecipeConfig
 from adaptercl.rollout.hf import HFEngine
-from adaptercl.rollout_config import ENGINES
 
 
 class Engines:
@@ -31,7 +30,7 @@ class Engines:
         self.base = None
         self.vllm = None  # the per-run engine (vllm, vllm_server)
         if self.kind.needs_local_vllm:
-            from adaptercl.vllm_settings import require_vllm
+            from adaptercl.rollout.vllm_settings import require_vllm
 
             require_vllm()  # a one-line error before the base loads
 

@@ -22,10 +22,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from adaptercl.adapters import active_adapters
-from adaptercl.batching import build_batch, response_logits
-from adaptercl.prefix_sharing import CACHE, output_cache, prefill, prefix_layout
-from adaptercl.rollout import Completion, SamplingParams, row_seed
+from adaptercl.model import CACHE, build_batch, output_cache, prefill, prefix_layout, response_logits
 from adaptercl.rollout.folded_lora import folded_lora
+from adaptercl.rollout.protocol import Completion, SamplingParams, row_seed
 
 
 class HFEngine:

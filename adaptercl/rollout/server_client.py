@@ -1,7 +1,7 @@
 """The HTTP side of the `vllm_server` rollout engine, without torch: `ServerClient` (requests with retries and
 one-line errors) and `check_server` (the first contact). The engine (`vllm_server.py`) talks through them, and the
-run's preflight (`preflight.check_rollout_server`) makes the same first contact before the base model loads, so a
-wrong address, a server that lists another base or one without runtime LoRA loading fails in one line at once.
+run's preflight (`run.preflight_checks.check_rollout_server`) makes the same first contact before the base model loads,
+so a wrong address, a server that lists another base or one without runtime LoRA loading fails in one line at once.
 
 Failures: a request that cannot connect, times out or gets a 5xx answer is retried `rollout.server.retries` times
 with exponential backoff; then `ServerUnreachable` (a `RolloutServerError`) names the server, the request and what
@@ -15,9 +15,8 @@ import os
 import time
 from typing import Any
 
-from adaptercl.recipe_errors import RecipeError
-from adaptercl.rollout import RolloutServerError
-from adaptercl.rollout_config import RolloutServerConfig
+from adaptercl.recipe import RecipeError, RolloutServerConfig
+from adaptercl.rollout.protocol import RolloutServerError
 
 RUNTIME_LORA_HINT = "start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora (`adaptercl recipe serve`)"
 

@@ -5,7 +5,7 @@ vllm_server`), then the `RolloutEngine` protocol, as the in-process `vllm` engin
 `generate(prompts, adapters, params)` and `sync_adapters(names)` after each optimiser step; `sleep`/`wake` are
 no-ops (the server's memory is not the trainer's).
 
-The server (`adaptercl recipe serve RECIPE` prints and runs the command that fits a recipe, `serve.py`):
+The server (`adaptercl recipe serve RECIPE` prints and runs the command that fits a recipe, `ship/serving.py`):
 - the trainer's base (the same checkpoint; `--quantization bitsandbytes` for an NF4 trainer), started with
   `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, `--enable-lora`, `--max-lora-rank` at least the largest combined rank
   the recipe serves, `--logprobs-mode processed_logprobs` (logprobs under logits / temperature, the trainer's
@@ -30,10 +30,10 @@ row index through `row_seed`), as in the in-process engine; one request of n sam
 request's seed + j, which another step's row has too. With `params.logprobs`, `logprobs: 0` returns each sampled
 token's logprob.
 
-Under N data-parallel ranks (`distributed.py`) the ranks share the server: rank 0 alone writes and loads each adapter
-version (and unloads the one it replaces once every rank has finished its requests: a barrier first) and broadcasts
-the served name; every rank then requests completions for its own share of the prompts under that name, seeded by
-global row as above, so the rows are sampled as one process would. Ranks > 0 write nothing.
+Under N data-parallel ranks (`system/distributed.py`) the ranks share the server: rank 0 alone writes and loads each
+adapter version (and unloads the one it replaces once every rank has finished its requests: a barrier first) and
+broadcasts the served name; every rank then requests completions for its own share of the prompts under that name,
+seeded by global row as above, so the rows are sampled as one process would. Ranks > 0 write nothing.
 
 Failures: a request that cannot connect, times out or gets a 5xx answer is retried `rollout.server.retries` times
 with exponential backoff; then, or on a refusal (4xx), a one-line `RolloutServerError` names the server, the request
@@ -55,12 +55,12 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from adaptercl import distributed
-from adaptercl.config import RecipeConfig, RolloutServerConfig
-from adaptercl.rollout import Completion, RolloutServerError, SamplingParams, row_requests
+from adaptercl.recipe import RecipeConfig, RolloutServerConfig
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
+from adaptercl.rollout.protocol import Completion, RolloutServerError, SamplingParams, row_requests
 from adaptercl.rollout.server_client import ServerClient, check_server
+from adaptercl.system import distributed
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""Refit the free constants of `adaptercl.step_memory` (the memory plan's training step) on the measured 7B steps.
+"""Refit the free constants of `adaptercl.plan.step_memory` (the memory plan's training step) on the measured 7B steps.
 
-    python benchmarks/perf/fit_memory_plan.py      # prints the constants to paste into step_memory.py + residuals
+    python benchmarks/perf/fit_memory_plan.py      # prints the constants to paste into plan/step_memory.py + residuals
 
 Reads benchmarks/perf/results/cuda_7b_memory.json (peak max_memory_reserved of 14 variants; the out-of-memory one
 is left out) and solves a linear least-squares problem in the relative error for C_ACT, the student's logit copies
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-import adaptercl.step_memory as sm
-from adaptercl.model_shapes import GIB, SHAPES
+import adaptercl.plan.step_memory as sm
+from adaptercl.model.shapes import GIB, SHAPES
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cuda_7b_memory.json"
 SUPPORT = {"grpo": "none", "hybrid": "sampled", "sdpo": "topk", "sdft": "full"}  # the shipped recipes' supports

@@ -5,11 +5,11 @@ its share of the quickstart estimated from a few training steps and one evaluati
         [--out FILE] [--steps N] [key=value ...]
 
 Loads the quickstart's model (recipes/quickstart.yaml, unquantised on CPU), attaches the first stage's adapter and
-its teacher as the run does (`run._attach_stage_adapter`, `teacher.create_teacher`), then times what the run does
-in a stage with the recipe's settings: the teacher lift (stage start), `--steps` training steps (`stage.run_stage`),
-the evaluation of every domain, parameter drift (twice: the first report also decomposes every W0, as the run's
-first stage; the second is every later stage), response drift and the stage KL. Overrides as on the command line
-of `adaptercl recipe run` (e.g. `eval.stage_kl_prompts=4`).
+its teacher as the run does (`run._attach_stage_adapter`, `teacher.kinds.create_teacher`), then times what the run does
+in a stage with the recipe's settings: the teacher lift (stage start), `--steps` training steps
+(`train.stage.run_stage`), the evaluation of every domain, parameter drift (twice: the first report also decomposes
+every W0, as the run's first stage; the second is every later stage), response drift and the stage KL. Overrides as on
+the command line of `adaptercl recipe run` (e.g. `eval.stage_kl_prompts=4`).
 
 Writes JSON with the wall and CPU seconds of each (on a shared machine the process's CPU time, with torch on one
 thread, is what the work costs), the diagnostics' sum over the quickstart's stages, and their estimated share of
@@ -30,19 +30,19 @@ from pathlib import Path
 
 import torch
 
-from adaptercl import adapters as ad
-from adaptercl.continual import plan_adapters
-from adaptercl.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
+from adaptercl.adapters import live as ad
+from adaptercl.adapters.stacking import plan_adapters
 from adaptercl.domains import load_domain
-from adaptercl.drift import BaseWeights, parameter_drift_report, response_drift
-from adaptercl.evaluate import evaluate_all
-from adaptercl.model import load_base
-from adaptercl.recipe import load_recipe
+from adaptercl.measure.drift import BaseWeights, parameter_drift_report, response_drift
+from adaptercl.measure.evaluate import evaluate_all
+from adaptercl.model.base import load_base
+from adaptercl.recipe.load import load_recipe
 from adaptercl.rollout.hf import HFEngine
-from adaptercl.run import _attach_stage_adapter
-from adaptercl.stage import run_stage
-from adaptercl.stage_context import StageContext, step_seed
-from adaptercl.teacher import create_teacher
+from adaptercl.run.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
+from adaptercl.run.sequence import _attach_stage_adapter
+from adaptercl.teacher.kinds import create_teacher
+from adaptercl.train.context import StageContext, step_seed
+from adaptercl.train.stage import run_stage
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml"
 
