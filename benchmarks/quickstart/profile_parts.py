@@ -20,10 +20,12 @@ import json
 import pstats
 from pathlib import Path
 
-# cProfile entries (file suffix, first line, function) whose cumulative time is one part of a training step
+# cProfile entries (file suffix, function, caller's file suffix) whose cumulative time is one part of a training step
+# (the package's paths since the folder-by-layer move; the committed profile was taken before it, at ac208dd, where
+# response_scores lived in adaptercl/chunked_logits.py, the step in train_step.py and the teacher in teacher.py)
 STEP_PARTS = {
-    "train_student_forward": ("adaptercl/chunked_logits.py", "response_scores", "adaptercl/train_step.py"),
-    "train_teacher_forward": ("adaptercl/teacher.py", "scores", None),
+    "train_student_forward": ("adaptercl/model/batching.py", "response_scores", "adaptercl/train/step.py"),
+    "train_teacher_forward": ("adaptercl/teacher/kinds.py", "scores", None),
     "train_backward": ("torch/autograd/__init__.py", "backward", None),
 }
 # kernels worth naming across every part (tottime; cProfile names a builtin '<built-in method NAME>')
