@@ -167,7 +167,7 @@ def test_a_nonfinite_step_on_one_rank_rolls_every_rank_back_together(tmp_path, m
 
 DYING_RANK = """
 import os, sys, torch
-from adaptercl import distributed
+from adaptercl.system import distributed
 try:
     with distributed.process_group() as world:  # left through its finally: the group is torn down, no hang
         distributed.barrier()

@@ -229,7 +229,7 @@ from pathlib import Path
 
 import yaml
 
-from adaptercl import atomic
+from adaptercl.system import atomic
 from adaptercl.recipe.grammar import resolve_recipe
 from adaptercl.run.sequence import run_recipe
 
