@@ -22,6 +22,10 @@ Data-parallel ranks (`distributed.py`): each rank's batch is its share of the st
 is the whole batch's (summed over ranks), so the ranks' losses sum to the 1-process loss, and the gradients are summed
 before clipping (the L2/orthogonality term is added on rank 0 only). Logged statistics are the whole batch's.
 
+Padding: `micro_batch_rows` chooses which rows go together (the rollout order, or sorted by length where that
+computes fewer positions) and each micro-batch is cut to its own rows' longest prompt and response (R' <= R columns),
+not the whole batch's; with one micro-batch the batch is used as it is.
+
 Memory: the split bounds the rows n_mb of a micro-batch (`micro_batch.py`: auto sizes it to the card). The
 per-token quantities (log-probs, entropies, KL to the previous stage, the divergence to the teacher) come from
 `chunked_logits.token_terms`: with `optim.logits_chunk_size` (auto: 1024 on CUDA) only a chunk of positions'
@@ -38,7 +42,7 @@ import torch
 
 from adaptercl import distributed, losses
 from adaptercl.adapters import active_adapters, lora_parameters
-from adaptercl.batching import TokenBatch
+from adaptercl.batching import TokenBatch, trim_padding
 from adaptercl.chunked_logits import (
     TokenTerms,
     resolve_logits_chunk_size,
@@ -49,6 +53,7 @@ from adaptercl.chunked_logits import (
 from adaptercl.distill_targets import DistillTargets
 from adaptercl.loss_terms import policy_term, weighted_distillation
 from adaptercl.methods import METHODS
+from adaptercl.micro_batch_rows import micro_batch_rows
 from adaptercl.model import activation_checkpointing, resolve_activation_checkpointing
 from adaptercl.regularizers import StageRegularizers
 from adaptercl.stage_context import StageContext
@@ -91,26 +96,29 @@ def train_on_batch(
     sums: dict[str, float] = {}  # additive over data-parallel ranks (global denominators): summed at the end
     shared: dict[str, float] = {}  # the same on every rank (computed from the reduced gradients or the weights)
     params = list(lora_parameters(model, ctx.student).values())
+    # which rows go together, and each micro-batch cut to its own rows' longest prompt and response (R' <= R columns)
+    _, parts = micro_batch_rows(batch, micro, share_prompts=not checkpointing)
     for _ in range(stage.grpo.iterations):
         optimizer.zero_grad(set_to_none=True)
-        for start in range(0, n, micro):
-            rows = slice(start, min(n, start + micro))
-            mb = batch.select(rows)
-            mask = mb.response_mask  # [n_mb, R]
+        for rows in parts:
+            mb = trim_padding(batch.select(rows))
+            r_width = mb.response_ids.shape[1]  # R'
+            mask = mb.response_mask  # [n_mb, R']
             with activation_checkpointing(model, checkpointing):
                 student = response_scores(model, mb, temperature, chunk)  # [n_mb, R, V] logits or [n_mb, R, H]
             previous = regs.previous_scores(model, mb, temperature, chunk) if regs is not None else None
-            target_rows = teacher = None
+            target_rows = teacher = t_mask = None
             if targets is not None and targets.mask[rows].sum() > 0:
                 # The teacher runs only on the rows with a target (hybrid: the failed groups), so sparse
                 # distillation costs a teacher forward in proportion to how sparse it is.
-                target_rows = (targets.mask[rows].sum(-1) > 0).nonzero().squeeze(-1)  # [n_t]
-                teacher_mb = targets.teacher_batch.select(rows).select(target_rows)
-                teacher = ctx.teacher.scores(model, teacher_mb, temperature, chunk)  # [n_t, R, V] or [n_t, R, H]
+                t_mask = targets.mask[rows][:, :r_width]  # [n_mb, R']
+                target_rows = (t_mask.sum(-1) > 0).nonzero().squeeze(-1)  # [n_t]
+                teacher_mb = trim_padding(targets.teacher_batch.select(rows).select(target_rows), r_width)
+                teacher = ctx.teacher.scores(model, teacher_mb, temperature, chunk)  # [n_t, R', V] or [n_t, R', H]
             terms = token_terms(student, mb.response_ids, chunk, previous, teacher, target_rows, stage.distill)
-            logp = terms.logp  # [n_mb, R]
-            old = logp.detach() if logp_old is None else logp_old[rows]
-            mb_rollout_logp = None if rollout_logp is None else rollout_logp[rows]
+            logp = terms.logp  # [n_mb, R']
+            old = logp.detach() if logp_old is None else logp_old[rows][:, :r_width]
+            mb_rollout_logp = None if rollout_logp is None else rollout_logp[rows][:, :r_width]
             token_share = mask.sum() / total_tokens
             loss = logp.new_zeros(())
             if terms.kl_prev is not None:
@@ -142,7 +150,7 @@ def train_on_batch(
                 add_token_means(sums, stats, mask, token_share)
             if target_rows is not None:
                 loss = loss + _distillation(
-                    ctx, rows, target_rows, terms, old, mb_rollout_logp, targets, distill_denominators, sums
+                    ctx, t_mask, target_rows, terms, old, mb_rollout_logp, targets, distill_denominators, sums
                 )
             if loss.requires_grad:  # checkpointed layers replay their forward here, whatever the flag says now
                 loss.backward()
@@ -175,7 +183,7 @@ def train_on_batch(
 
 def _distillation(
     ctx: StageContext,
-    rows: slice,
+    mb_mask: torch.Tensor,
     target_rows: torch.Tensor,
     terms: TokenTerms,
     old: torch.Tensor,
@@ -185,10 +193,11 @@ def _distillation(
     sums: dict[str, float],
 ) -> torch.Tensor:
     """The weighted distillation term of one micro-batch (0 added when its weight is 0); logs its statistics.
-    `terms` holds the divergence on rows `target_rows` [n_t] of the micro-batch (those with a target);
-    `denominators` the batch-global (aggregation's denominator, distilled tokens) of `targets.mask`."""
+    `mb_mask` [n_mb, R'] is `targets.mask` on the micro-batch's rows and columns; `terms` holds the divergence on
+    its rows `target_rows` [n_t] (those with a target); `denominators` the batch-global (aggregation's denominator,
+    distilled tokens) of `targets.mask`."""
     stage, distill = ctx.stage, ctx.stage.distill
-    d_mask = targets.mask[rows][target_rows]  # [n_t, R]
+    d_mask = mb_mask[target_rows]  # [n_t, R']
     per_token, stats = weighted_distillation(
         terms.divergence,
         terms.logp[target_rows],
