@@ -227,13 +227,16 @@ def main() -> None:
     from adaptercl.config import ModelConfig
     from adaptercl.model import load_base
 
+    info = provenance()
     tokenizer = load_base(ModelConfig(name=MODEL), "none", torch.device("cpu")).tokenizer
     domains = load_domains(args.data, tokenizer)
     t0 = time.perf_counter()
     if args.lengths is not None:
         earlier = json.loads(args.lengths.read_text())
         sampled, source = earlier["sampled"], earlier["lengths_source"]
+        sampled_by = earlier.get("sampled_by") or {k: earlier[k] for k in ("command", "machine", "versions")}
     else:
+        sampled_by = None  # this run
         sampled = sample_lengths(domains, args.steps)
         source = (
             f"prompts tokenised by {MODEL}'s tokenizer and chat template; responses sampled from {MODEL} by "
@@ -241,8 +244,9 @@ def main() -> None:
             "per domain"
         )
     result = {
-        **provenance(),
+        **info,
         "lengths_source": source,
+        "sampled_by": sampled_by,
         "sampling_s": time.perf_counter() - t0,
         "workload": {
             "prompts_per_step": PROMPTS_PER_STEP,
