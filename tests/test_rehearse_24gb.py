@@ -59,3 +59,22 @@ def test_tiny_rehearsal_measures_every_phase_beside_the_plan(tmp_path):
     }
     assert result["decode_step_s"]["rollout"]["n"] == 3
     assert (run.run_stage, stage.train_on_batch, run.evaluate_all, run.response_drift) == originals  # restored
+
+
+def test_an_out_of_memory_error_is_reported_with_its_phase(tmp_path, monkeypatch):
+    import torch
+
+    def no_memory(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(stage, "train_on_batch", no_memory)
+    argv = ["--tiny", "--steps", "1", "--prompts-per-step", "1", "--prompt-tokens", "96", "--out", str(tmp_path)]
+    assert rehearse_24gb.main([*argv, "--checkpoint-dir", str(tmp_path / "checkpoint")]) == 1
+    result = json.loads((tmp_path / "rehearse_24gb-tiny.json").read_text())
+    assert result["failed"] == {
+        "phase": "train",
+        "error": "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    }
+    assert result["phases"]["rollout"]["seconds"] > 0  # the first rollout ran, then its training step failed
+    assert result["step_times"] == {"math": [], "science": [], "tooluse": []}  # no step finished
+    assert stage.train_on_batch is no_memory  # the meter's patches are undone

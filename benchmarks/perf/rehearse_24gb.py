@@ -135,6 +135,7 @@ class PhaseMeter:
         self.t = time.perf_counter()
         self.used_peak, self._stop = 0, threading.Event()
         self.undo: list[tuple[Any, str, Any]] = []  # (owner, name, original) of every patch, restored by `close`
+        self.failed_in: str | None = None  # the innermost phase an exception left
         if cuda:
             self.torch.cuda.reset_peak_memory_stats()
             threading.Thread(target=self._poll, daemon=True).start()
@@ -180,6 +181,9 @@ class PhaseMeter:
             self.enter(phase)
             try:
                 return original(*a, **k)
+            except BaseException:
+                self.failed_in = self.failed_in or phase
+                raise
             finally:
                 self.leave()
 
@@ -286,6 +290,8 @@ def rehearse(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     shape, device = (TINY, "cpu") if args.tiny else (QWEN25_7B, "cuda")
     checkpoint = write_random_checkpoint(shape, args.checkpoint_dir, device)
     checkpoint_s = time.perf_counter() - t_start
+    if cuda:
+        torch.cuda.empty_cache()  # the shards' generator memory, before the cap
     raw, changes = rehearsal_raw(args, checkpoint, work)
     recipe = resolve_recipe(raw)
     meter = PhaseMeter(cuda)
@@ -304,8 +310,9 @@ def rehearse(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     failure = None
     try:
         run_recipe(recipe, on_event)
-    except torch.OutOfMemoryError as err:  # the rehearsal's finding: which phase does not fit
-        failure = {"phase": meter.stack[-1], "error": str(err).splitlines()[0]}
+    except Exception as err:  # noqa: BLE001 - out of memory is the rehearsal's finding; keep the figures so far
+        first = str(err).splitlines()[0] if str(err) else ""
+        failure = {"phase": meter.failed_in or meter.stack[-1], "error": f"{type(err).__name__}: {first}"}
     finally:
         meter.close()
     engine = events.get("engine", {"engine": "?", "reason": "the run stopped before choosing"})
