@@ -17,6 +17,10 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from adaptercl.system import silence_bitsandbytes_kernels_notice
+
+silence_bitsandbytes_kernels_notice()  # before any module here imports PEFT, which imports bitsandbytes
+
 try:
     __version__ = version("adaptercl")
 except PackageNotFoundError:  # a source tree on sys.path without an install
@@ -24,12 +28,12 @@ except PackageNotFoundError:  # a source tree on sys.path without an install
 
 # public name -> the module that is its home
 _API: dict[str, str] = {
-    "load_recipe": "adaptercl.recipe",
-    "RecipeConfig": "adaptercl.config",
-    "RecipeError": "adaptercl.recipe_errors",
-    "run_recipe": "adaptercl.run",
-    "RunResult": "adaptercl.run",
-    "export_run": "adaptercl.export",
+    "load_recipe": "adaptercl.recipe.load",
+    "RecipeConfig": "adaptercl.recipe.grammar",
+    "RecipeError": "adaptercl.recipe.errors",
+    "run_recipe": "adaptercl.run.sequence",
+    "RunResult": "adaptercl.run.sequence",
+    "export_run": "adaptercl.ship.export",
 }
 
 __all__ = ["RecipeConfig", "RecipeError", "RunResult", "__version__", "export_run", "load_recipe", "run_recipe"]

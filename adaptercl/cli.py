@@ -7,10 +7,11 @@
     adaptercl recipe show FILE [key=value ...]      print the resolved recipe (defaults merged into stages)
     adaptercl recipe serve FILE [key=value ...] [--port 8000] [--tensor-parallel-size N] [--data-parallel-size N]
                            [--print-command]        the vLLM rollout server for `rollout.engine: vllm_server`
-    adaptercl recipe plan FILE [key=value ...] [--gpu-memory 24] [--prompt-tokens 1024]
-                                                    predicted peak GPU memory of training, rollouts and evaluation,
-                                                    the fields to change when it does not fit, and the wall time;
-                                                    exit 0 when it fits, 1 when not (nothing is downloaded)
+    adaptercl recipe plan FILE [key=value ...] [--gpu-memory 24] [--prompt-tokens 1024] [--card rtx4090]
+                                                    predicted peak GPU memory of training, rollouts, evaluation and
+                                                    diagnostics, the fields to change when it does not fit, and the
+                                                    wall time on the card with each figure's source; exit 0 when it
+                                                    fits, 1 when not (nothing is downloaded)
     adaptercl report RUN_DIR                        write RUN_DIR/report.md and plots/
     adaptercl eval [RECIPE] [key=value ...] (--run RUN_DIR | --adapter DIR [--adapter DIR ...]) --out OUT
                                                     evaluate a finished run's stages (default recipe: the run's
@@ -23,10 +24,11 @@
                                                     serve an export with vLLM's OpenAI server, one LoRA per domain
 
 Every subcommand parses, calls one function and returns an exit code. Recipe and input problems
-(`RecipeError`) print one line `error: ...` and exit 2, never a traceback; a rollout server that is unreachable or
-fails (`RolloutServerError`) prints one line and exits 3 (the run keeps its last checkpoint: rerun to resume); a
-lost data-parallel rank (`distributed.RankLost`) prints one line and exits 1. `recipe run` under torchrun /
-accelerate launch trains data-parallel (`distributed.py`).
+(`RecipeError`, a rollout server that does not answer before the run starts among them) print one line
+`error: ...` and exit 2, never a traceback; a rollout server that becomes unreachable or fails during the run
+(`RolloutServerError`) prints one line and exits 3 (the run keeps its last checkpoint: rerun to resume); a
+lost data-parallel rank (`system.distributed.RankLost`) prints one line and exits 1. `recipe run` under torchrun /
+accelerate launch trains data-parallel (`system/distributed.py`).
 """
 
 from __future__ import annotations
@@ -37,8 +39,10 @@ import os
 import sys
 from typing import Any
 
-from adaptercl.config import RecipeError
+from adaptercl.recipe import RecipeError
 from adaptercl.rollout import RolloutServerError
+
+PLAN_CARDS = ("rtx3090", "rtx4090")  # plan.wall_time.CARDS (not imported here: the command starts light)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         if action == "plan":
             p.add_argument("--gpu-memory", type=float, default=24.0, help="GPU memory in GiB (default 24)")
             p.add_argument("--prompt-tokens", type=int, default=1024, help="longest prompt in tokens (default 1024)")
+            p.add_argument("--card", choices=PLAN_CARDS, default="rtx4090", help="the card of the wall time")
         if action == "serve":
             _server_options(p)
     report = sub.add_parser("report", help="write report.md and plots for a run directory")
@@ -94,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "recipe":
             return _recipe(args)
         if args.command == "report":
-            from adaptercl.report import write_report
+            from adaptercl.measure import write_report
 
             print(write_report(args.run_dir))
             return 0
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "merge":
             return _merge(args)
         if args.command == "export":
-            from adaptercl.export import export_run
+            from adaptercl.ship import export_run
 
             print(export_run(args.run_dir, args.out, merged=args.merged))
             return 0
@@ -116,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 3
     except RuntimeError as err:
-        from adaptercl.distributed import RankLost
+        from adaptercl.system import RankLost
 
         if not isinstance(err, RankLost):
             raise
@@ -133,25 +138,25 @@ def _recipe(args: argparse.Namespace) -> int:
 
     recipe = load_recipe(args.file, args.overrides)
     if args.action == "validate":
-        from adaptercl.engine_choice import resolve_engine
-        from adaptercl.preflight import decision_lines, preflight
+        from adaptercl.rollout import resolve_engine
+        from adaptercl.run import decision_lines, preflight
 
         recipe, choice = resolve_engine(recipe)
-        preflight(recipe)
+        preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
         print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains); {choice.line()}")
         print("".join(f"  {line}\n" for line in decision_lines(recipe)), end="")
         return 0
     if args.action == "serve":
-        from adaptercl.serve import rollout_server_command, serve_rollouts
+        from adaptercl.ship import rollout_server_command, serve_rollouts
 
         return _serve_with(args, rollout_server_command, serve_rollouts, recipe)
     if args.action == "show":
         print(resolved_yaml(recipe), end="")
         return 0
     if args.action == "plan":
-        from adaptercl.memory_plan import plan_recipe
+        from adaptercl.plan import plan_recipe
 
-        plan = plan_recipe(recipe, args.gpu_memory, args.prompt_tokens)
+        plan = plan_recipe(recipe, args.gpu_memory, args.prompt_tokens, args.card)
         print(plan.render())
         return 0 if plan.fits else 1
     from adaptercl.console import run_with_progress
@@ -161,8 +166,8 @@ def _recipe(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from adaptercl.eval_only import evaluate_adapters, evaluate_run, format_summary
     from adaptercl.recipe import load_recipe
+    from adaptercl.run import evaluate_adapters, evaluate_run, format_summary
 
     if args.file is not None and "=" in args.file and not os.path.isfile(args.file):  # overrides, no recipe
         args.file, args.overrides = None, [args.file, *args.overrides]
@@ -184,7 +189,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from adaptercl.adapter_merge import merge_adapter_folders
+    from adaptercl.adapters import merge_adapter_folders
 
     weights = None
     if args.weights is not None:
@@ -209,7 +214,7 @@ def _server_options(p: argparse.ArgumentParser) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from adaptercl.serve import serve, serve_command
+    from adaptercl.ship import serve, serve_command
 
     return _serve_with(args, serve_command, serve, args.export_dir)
 

@@ -12,9 +12,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from adaptercl.config import RecipeConfig
-from adaptercl.distributed import launched_world
+from adaptercl.recipe import RecipeConfig
 from adaptercl.run import RunResult, run_recipe
+from adaptercl.system import launched_world
+
+# the end-of-stage diagnostics' progress events (run/sequence.py, `drift`): part -> (what is measured, unit of
+# done/total)
+DRIFT_PARTS = {
+    "parameter": ("parameter drift", "modules"),
+    "response": ("response drift", "probes"),
+    "stage_kl": ("KL from the previous stage", "responses"),
+}
 
 
 def accuracy_table(result: RunResult, stage_names: list[str]) -> Table:
@@ -70,8 +78,8 @@ def run_with_progress(recipe: RecipeConfig, console: Console | None = None) -> R
             advance(f"eval {info['stage']}", f"{info['stage']}: eval (domains)", info["done"], info["total"])
         elif kind == "drift":
             part = info["part"]
-            unit = "modules" if part == "parameter" else "domains"
-            label = f"{info['stage']}: {part} drift ({unit})"
+            what, unit = DRIFT_PARTS[part]
+            label = f"{info['stage']}: {what} ({unit})"
             advance(f"drift {part} {info['stage']}", label, info["done"], info["total"])
         elif kind == "stage":
             label = f"{info['stage']} ({info['method']}, init {info['init']})"
@@ -159,9 +167,9 @@ class PlainProgress:
         self.line(f"[{stage}] accuracy: {accuracy}")
 
     def drift(self, stage: str, part: str, done: int, total: int, **_: Any) -> None:
-        unit = "modules" if part == "parameter" else "domains"
+        what, unit = DRIFT_PARTS[part]
         if done == total or done % max(1, total // 4) == 0:  # at most about four lines per part
-            self.line(f"[{stage}] {part} drift: {done}/{total} {unit}")
+            self.line(f"[{stage}] {what}: {done}/{total} {unit}")
 
     def teacher_lift(self, stage: str, lift: dict, **_: Any) -> None:
         if not lift["n"]:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-import skip_policy  # tests/ is on sys.path while pytest imports this conftest
+import skip_policy  # tests/support/ is on sys.path (pyproject.toml: pythonpath)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")

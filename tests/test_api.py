@@ -8,9 +8,9 @@ import sys
 from importlib.metadata import version
 
 import yaml
-from test_run import tiny_recipe
 
 import adaptercl
+from tests.run.test_run import tiny_recipe
 
 
 def test_load_run_and_export_through_the_package_names(tmp_path):

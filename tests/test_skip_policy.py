@@ -1,4 +1,4 @@
-"""The skip policy (tests/skip_policy.py): in CI only the allow-listed skip reasons pass; pytest runs in a
+"""The skip policy (tests/support/skip_policy.py): in CI only the allow-listed skip reasons pass; pytest runs in a
 subprocess on a tiny test file, with the plugin loaded the way `-p skip_policy` loads it."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import skip_policy
 
-TESTS = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parent / "support"
 
 TINY = """
 import pytest
@@ -33,7 +33,7 @@ def run_pytest(tmp_path: Path, source: str, ci: str | None, *args: str) -> subpr
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: long\n")  # rootdir here, not the repo
     (tmp_path / "test_tiny.py").write_text(source)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
-    env["PYTHONPATH"] = str(TESTS)
+    env["PYTHONPATH"] = str(SUPPORT)
     if ci is not None:
         env["CI"] = ci
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "skip_policy", "-p", "no:cacheprovider", *args]

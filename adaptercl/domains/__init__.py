@@ -12,7 +12,7 @@ Sources (`cfg.source`):
 - `builtin:NAME` — procedural tasks generated from the seed, no download (`builtin.py`): arithmetic, mcq,
   toolcall, and `copy` (a trivial task for tiny random models).
 - a local `.jsonl/.json/.parquet/.csv` file, a folder holding `<split>.<ext>` files, an http(s) URL of such a
-  file, or a `datasets` hub id (`loading.py`; `domain_config.source_kind` tells them apart); rows are turned
+  file, or a `datasets` hub id (`loading.py`; `recipe.domain_block.source_kind` tells them apart); rows are turned
   into examples by a format preset (`datasets_formats.py`: gsm8k, math500, sciknoweval, tooluse, arc, boolq,
   piqa, winogrande) or by `generic` with a field mapping (`cfg.fields`).
 
@@ -24,11 +24,33 @@ generic dataset's prompt may be rendered from its columns by `cfg.prompt_templat
 domains' responses to measure format leakage.
 
 The data types (`Example`, `RewardResult`, `RewardFn`, `Domain`) and `is_success` (which samples the
-self-distilling methods count as successes) live in `domain.py`; the modules of this package import them from
-there, and this file only re-exports them with `load_domain`.
+self-distilling methods count as successes) live in `domain.py`; the modules of this folder import them from there;
+other folders import them, and the names below, from this face.
 """
 
-from adaptercl.domains.domain import Domain, Example, RewardFn, RewardResult, is_success, score_samples
-from adaptercl.domains.loading import load_domain
+from importlib import import_module
 
-__all__ = ["Domain", "Example", "RewardFn", "RewardResult", "is_success", "load_domain", "score_samples"]
+# name other folders use -> the module of this folder that defines it; a name equal to its module's is the module
+# itself. Imported on first use: importing the folder loads nothing.
+_EXPORTS = {
+    "BUILTINS": "builtin",
+    "FORMATS": "datasets_formats",
+    "Domain": "domain",
+    "Example": "domain",
+    "RewardFn": "domain",
+    "RewardResult": "domain",
+    "is_success": "domain",
+    "score_samples": "domain",
+    "check_domain": "loading",
+    "load_domain": "loading",
+    "load_trl_rewards": "trl_rewards",
+    "reward_component_stats": "trl_rewards",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        module = import_module(f"{__name__}.{_EXPORTS[name]}")
+        return module if _EXPORTS[name] == name else getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

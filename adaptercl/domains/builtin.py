@@ -49,9 +49,9 @@ import json
 import random
 from collections.abc import Callable
 
-from adaptercl.config import DomainConfig, RecipeError
 from adaptercl.domains.domain import Domain, Example
 from adaptercl.domains.rewards import REWARDS
+from adaptercl.recipe import DomainConfig, RecipeError
 
 Messages = list[dict[str, str]]
 Made = tuple[Messages, object, str, object]  # (messages, gold answer, demonstration, fact asked about)

@@ -44,11 +44,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from adaptercl.config import DomainConfig
-from adaptercl.domain_config import FeedbackKind
 from adaptercl.domains.answers import extract_choice_letter
 from adaptercl.domains.domain import MalformedRow
 from adaptercl.domains.prompt_template import LETTERS, option_letter, render_prompt
+from adaptercl.recipe import DomainConfig, FeedbackKind
 
 Messages = list[dict[str, str]]
 

@@ -9,7 +9,7 @@ self-distilling methods act on (SDPO's "Correct solution" sibling, the hybrid's 
 `success_frac`): `correct` for TRL-style rewards, `score >= success_threshold` for native ones (whose partial
 credit stays below the default 0.5). `RewardResult.scored` is False for a sample every TRL function returned None
 for: it is neither correct nor a success, and gets advantage 0 outside its group's baseline
-(`losses.group_advantages`).
+(`train.losses.group_advantages`).
 
 A domain scores completions in one of two ways: a native reward `(text, Example) -> RewardResult` per sample (the
 builtin rewards and user rewards that return feedback for SDPO), or a batch reward over all samples at once

@@ -1,13 +1,16 @@
 """`load_domain`: a `DomainConfig` -> a `Domain` (rows read, examples made, splits, hygiene). Deterministic per seed.
 
-Where rows come from (`domain_config.source_kind` tells the kinds apart; its docstring has the rule):
+Where rows come from (`recipe.domain_block.source_kind` tells the kinds apart; its docstring has the rule):
 - `builtin:NAME` -> `builtin.py` (generated, no files);
 - a local file (.jsonl, .json list of objects, .parquet, .csv): training rows; evaluation rows from `eval_file`
   when given, else held out from the training rows;
 - a local folder: `<train_split>.<ext>` and `<eval_split>.<ext>` inside it (e.g. gsm8k/train.jsonl, test.jsonl);
 - an http(s) URL of a data file: as a local file, read by `datasets.load_dataset("json" | "parquet" | "csv",
   data_files=URL)` (cached by `datasets`; `eval_file` may be a URL too). Needs datasets' offline mode off:
-  `HF_HUB_OFFLINE=1` blocks URLs as well, `HF_DATASETS_OFFLINE=0` lifts it for datasets only (`offline.py`);
+  `HF_HUB_OFFLINE=1` blocks URLs as well, `HF_DATASETS_OFFLINE=0` lifts it for datasets only (`system/offline.py`).
+  Quietly (`_datasets_quiet`): no progress bars (one data file, before the run's own progress starts) and none of
+  `datasets`' log records, whose errors become the one line naming the field (a file that does not parse names
+  the parser's complaint);
 - a hub id: `load_dataset(id, subset, split=...)` (never called in tests).
 A local path that does not exist is an error naming it, raised by `check_domain` before anything is read.
 
@@ -31,18 +34,19 @@ from __future__ import annotations
 import json
 import logging
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from adaptercl.config import DomainConfig, RecipeError
-from adaptercl.domain_config import DATA_SUFFIXES, HUB_ID, hub_id, is_url, source_kind, url_suffix
 from adaptercl.domains.builtin import BUILTINS, load_builtin
 from adaptercl.domains.datasets_formats import FORMATS, MalformedRow, RowFormat, conversational_prompt
 from adaptercl.domains.domain import Domain, Example, RewardFn
 from adaptercl.domains.rewards import resolve_reward, with_feedback
 from adaptercl.domains.trl_rewards import TrlRewards, load_trl_rewards
-from adaptercl.offline import dataset_message
+from adaptercl.recipe import DATA_SUFFIXES, HUB_ID, DomainConfig, RecipeError, hub_id, is_url, source_kind, url_suffix
+from adaptercl.system import dataset_message, first_line
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +266,8 @@ def _hub_rows(cfg: DomainConfig, split: str) -> list[tuple[int, Any]]:
     import datasets
 
     try:
-        ds = datasets.load_dataset(hub_id(cfg.source), cfg.subset, split=split)
+        with _datasets_quiet(progress_bars=True):  # a hub dataset may be gigabytes: its download shows progress
+            ds = datasets.load_dataset(hub_id(cfg.source), cfg.subset, split=split)
     except Exception as err:  # offline, unknown id, unknown split: one line, not a traceback
         what = f"hub dataset {hub_id(cfg.source)!r} split {split!r}"
         raise RecipeError(dataset_message(f"domains.{cfg.name}.source", what, err)) from None
@@ -272,9 +277,38 @@ def _hub_rows(cfg: DomainConfig, split: str) -> list[tuple[int, Any]]:
 def _url_rows(cfg: DomainConfig, url: str, key: str) -> list[tuple[int, Any]]:
     """Rows of a data file at an http(s) URL, through `datasets` (which downloads and caches it)."""
     import datasets
+    from datasets.exceptions import DatasetGenerationError
 
     try:
-        ds = datasets.load_dataset(URL_BUILDERS[url_suffix(url)], data_files=url, split="train")
-    except Exception as err:  # offline, 404, unreachable, unparsable: one line, not a traceback
+        with _datasets_quiet(progress_bars=False):
+            ds = datasets.load_dataset(URL_BUILDERS[url_suffix(url)], data_files=url, split="train")
+    except DatasetGenerationError as err:  # fetched, but its parser refused it: say what the parser said
+        cause = err.__cause__ or err
+        raise RecipeError(
+            f"domains.{cfg.name}.{key}: {url} is not a readable {url_suffix(url)} file ({first_line(cause)})"
+        ) from None
+    except Exception as err:  # offline, 404, unreachable: one line, not a traceback
         raise RecipeError(dataset_message(f"domains.{cfg.name}.{key}", url, err)) from None
     return list(enumerate(ds, start=1))
+
+
+@contextmanager
+def _datasets_quiet(progress_bars: bool) -> Iterator[None]:
+    """`datasets` without its log records (a builder logs a file it cannot parse at ERROR, then raises; the caller
+    reports it in one line) and, unless `progress_bars`, without its bars; both as they were afterwards.
+    HF_DATASETS_DISABLE_PROGRESS_BARS, when set, decides the bars."""
+    import datasets
+
+    logger = logging.getLogger("datasets")
+    level = logger.level
+    hide_bars = not progress_bars and datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is None
+    shown = hide_bars and not datasets.are_progress_bars_disabled()
+    logger.setLevel(logging.CRITICAL + 1)
+    if shown:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        if shown:
+            datasets.enable_progress_bars()

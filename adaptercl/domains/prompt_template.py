@@ -20,8 +20,8 @@ from __future__ import annotations
 import string
 from typing import Any
 
-from adaptercl.domain_config import template_fields
 from adaptercl.domains.domain import MalformedRow
+from adaptercl.recipe import template_fields
 
 LETTERS = "ABCDEFGHIJ"  # option letters, here and in the probe formats (`datasets_formats.lettered`)
 

@@ -46,8 +46,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from adaptercl.config import RecipeError
-from adaptercl.domain_config import FeedbackKind
 from adaptercl.domains.answers import (
     ANSWER_PHRASE_RE,
     count_lettered_options,
@@ -63,6 +61,7 @@ from adaptercl.domains.answers import (
     parse_gold_actions,
 )
 from adaptercl.domains.domain import Example, RewardFn, RewardResult
+from adaptercl.recipe import FeedbackKind, RecipeError
 
 FORMAT_CREDIT = 0.2  # builtin domains: reward for the right answer format with a wrong answer
 

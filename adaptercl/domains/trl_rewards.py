@@ -23,8 +23,8 @@ the source row as a keyword list aligned with the completions (a column absent f
 How they combine (`weighted_reward`): None becomes NaN (not applicable to that sample), and the sample's reward is
 the nansum over functions of weight x reward, TRL's `sum_then_normalize`. A sample for which every function
 returned None is unscorable (`RewardResult.scored` False): as TRL 1.16's GRPOTrainer, it is left out of its group's
-baseline (and std) and gets advantage 0 (`losses.group_advantages`); its reward reads 0 in the logs (TRL leaves it
-out of its logged reward), and a warning is logged.
+baseline (and std) and gets advantage 0 (`train.losses.group_advantages`); its reward reads 0 in the logs (TRL leaves
+it out of its logged reward), and a warning is logged.
 
 What is correct (`correct_mask`): the domain's `correct_from` functions (default: the first, TRL's accuracy-first
 convention) decide it: the sum of their own, unweighted rewards (None left out) is >= `correct_threshold` (default
@@ -58,10 +58,9 @@ from typing import Any, Literal
 
 import torch
 
-from adaptercl.config import DomainConfig, RecipeError
-from adaptercl.domain_config import RewardFuncSpec
 from adaptercl.domains.domain import Example, RewardResult
 from adaptercl.domains.rewards import REWARDS, resolve_reward
+from adaptercl.recipe import DomainConfig, RecipeError, RewardFuncSpec
 
 log = logging.getLogger(__name__)
 

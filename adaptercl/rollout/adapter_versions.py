@@ -2,7 +2,7 @@
 
 Both vLLM engines (`rollout.vllm`, in process; `rollout.vllm_server`, over HTTP) serve ONE LoRA per request, while
 a policy is base + frozen earlier adapters + the student: they serve a combined adapter per set of active adapters
-(`lora_factors.combine`, the exact ΔW sum), written as a PEFT folder under a **new name and integer id per
+(`adapters.factors.combine`, the exact ΔW sum), written as a PEFT folder under a **new name and integer id per
 version**, e.g. `stage-01-math+stage-02-code@7`. vLLM keeps serving cached weights when an id or name is reused
 (and may serve stale prefix-cache blocks after a same-name reload, vLLM #42125), so a version is never reloaded in
 place: the new one is loaded and the one it replaces unloaded and its folder deleted.
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from adaptercl.lora_factors import LoraFactors, combine, served_config, snapshot, write_adapter_folder
+from adaptercl.adapters import LoraFactors, combine, served_config, snapshot, write_adapter_folder
 
 
 @dataclass

@@ -2,13 +2,14 @@
 
 This is TRL's "colocate" mode (trl/generation/vllm_generation.py): each rank builds its own engine with
 `distributed_executor_backend="external_launcher"`, so vLLM joins the process group the launcher (torchrun,
-accelerate) started (RANK, LOCAL_RANK, WORLD_SIZE; `distributed.process_group`) instead of spawning workers, and runs
-on this rank's device (cuda:LOCAL_RANK).
+accelerate) started (RANK, LOCAL_RANK, WORLD_SIZE; `system.distributed.process_group`) instead of spawning workers, and
+runs on this rank's device (cuda:LOCAL_RANK).
 - `rollout.tensor_parallel_size` 1: every rank's engine holds the whole base and generates its own share of the
-  step's prompts (`stage.py` shards them); nothing is exchanged.
-- `rollout.tensor_parallel_size` t > 1 (t must divide the world size, `run.check_world`): ranks [0, t), [t, 2t), ...
-  form tensor-parallel groups whose engines shard one base over their t GPUs and must run identical requests, so
-  each rank gathers its group's prompts (with their seeds), every member generates them all and keeps its own share.
+  step's prompts (`train/stage.py` shards them); nothing is exchanged.
+- `rollout.tensor_parallel_size` t > 1 (t must divide the world size, `run.preflight_checks.check_world`): ranks [0,
+  t), [t, 2t), ... form tensor-parallel groups whose engines shard one base over their t GPUs and must run identical
+  requests, so each rank gathers its group's prompts (with their seeds), every member generates them all and keeps
+  its own share.
 - The engine seed is `recipe.seed + rank // t` (TRL: `rank // t`, the same within a tensor-parallel group); every
   request is one row carrying its own seed anyway, that of its row's global index (`SamplingParams.first_row`,
   `rollout.row_seed`), so an N-rank step samples each row as one process would (up to the numerics of a different
@@ -30,8 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from adaptercl import distributed
-from adaptercl.distributed import World
+from adaptercl.system import World, distributed
 
 
 def launcher_kwargs(world: World, tensor_parallel_size: int, seed: int) -> dict[str, Any]:

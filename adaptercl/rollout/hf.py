@@ -3,9 +3,10 @@
 It runs on the same PeftModel the trainer updates, so rollouts are exactly on-policy and adapter "sync" is free.
 Prompts that begin alike (a group's samples, a few-shot example, the chat header) are prefilled with each shared
 prefix computed once (`prefix_sharing`); otherwise they are left-padded per batch. Per-token logprobs (under
-logits / temperature, the trainer's definition) are computed on request by one no-grad teacher-forced forward,
-because transformers' `output_logits` would keep a [batch, vocab] tensor per generated token. While decoding, the
-active LoRA adapters are folded into float32 base weights (`folded_lora`); logprobs are computed unfolded.
+logits / temperature, the trainer's definition) are computed on request by one no-grad teacher-forced forward
+(`response_logprobs`, also the reference the vLLM engines' logprobs are tested against), because transformers'
+`output_logits` would keep a [batch, vocab] tensor per generated token. While decoding, the active LoRA adapters
+are folded into float32 base weights (`folded_lora`); logprobs are computed unfolded.
 
 Seeding: each generate batch of `batch_size` rows is seeded with the seed of its first row (`rollout.row_seed` of
 `params.seed` and the global row index `params.first_row` + offset), so a data-parallel rank whose share is a whole
@@ -21,10 +22,9 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from adaptercl.adapters import active_adapters
-from adaptercl.batching import response_logprobs
-from adaptercl.prefix_sharing import prefill, prefix_layout
-from adaptercl.rollout import Completion, SamplingParams, row_seed
+from adaptercl.model import CACHE, build_batch, output_cache, prefill, prefix_layout, response_logits
 from adaptercl.rollout.folded_lora import folded_lora
+from adaptercl.rollout.protocol import Completion, SamplingParams, row_seed
 
 
 class HFEngine:
@@ -89,12 +89,12 @@ class HFEngine:
         sequences = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention,
-            past_key_values=cache,
             max_new_tokens=params.max_new_tokens,
             eos_token_id=self.stop_ids,
             pad_token_id=pad_id,
             repetition_penalty=1.0,  # the trainer's distribution is logits / temperature, nothing else
             **sampling,
+            **{CACHE: cache},
         ).cpu()  # [B, P + R]
         completions = []
         for i, p in enumerate(prompts):
@@ -112,6 +112,18 @@ class HFEngine:
         return completions
 
 
+@torch.no_grad()
+def response_logprobs(
+    model: torch.nn.Module, completions: list[Completion], pad_id: int, temperature: float
+) -> list[list[float]]:
+    """Per-token logprobs of each completion's tokens under logits / temperature (teacher-forced, no grad)."""
+    batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], pad_id)
+    batch = batch.to(next(model.parameters()).device)
+    logits = response_logits(model, batch, temperature=temperature)  # [N, R, V]
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # [N, R]
+    return [logp[i, : len(c.token_ids)].tolist() for i, c in enumerate(completions)]
+
+
 def _prompt_inputs(
     model: torch.nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, object | None]:
@@ -126,7 +138,7 @@ def _prompt_inputs(
     if layout is not None:
         with torch.no_grad():
             out = prefill(model, layout, layout.own_ids[:, :-1], layout.own_mask[:, :-1], logits_to_keep=1)
-        return layout.prompt_ids(), layout.prompt_mask(), out.past_key_values  # [B, C+S], [B, C+S], cache
+        return layout.prompt_ids(), layout.prompt_mask(), output_cache(out)  # [B, C+S], [B, C+S], cache
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)  # [B, P] left-padded
     attention = torch.zeros((len(prompts), width), dtype=torch.long)

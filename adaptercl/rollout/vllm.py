@@ -59,26 +59,23 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from adaptercl import distributed
-from adaptercl.config import RecipeConfig, RecipeError
-from adaptercl.continual import max_served_rank
-from adaptercl.micro_batch import card_gib
-from adaptercl.model import servable_base_path
-from adaptercl.model_shapes import shape_from_config
-from adaptercl.rollout import Completion, SamplingParams, row_requests
+from adaptercl.adapters import max_served_rank
+from adaptercl.model import card_gib, servable_base_path, shape_from_config
+from adaptercl.recipe import RecipeConfig, RecipeError
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.colocate import launcher_kwargs, tensor_parallel_group
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
-from adaptercl.vllm_memory import vllm_utilization
-from adaptercl.vllm_settings import (  # noqa: F401 - INSTALL_HINT re-exported for callers of this module
+from adaptercl.rollout.protocol import Completion, SamplingParams, row_requests
+from adaptercl.rollout.vllm_memory import vllm_utilization
+from adaptercl.rollout.vllm_settings import (
     BNB_PLUGIN_HINT,
     CPU_KV_CACHE_BYTES,
-    INSTALL_HINT,
     bitsandbytes_provider,
     default_max_model_len,
     require_vllm,
     vllm_lora_rank,
 )
+from adaptercl.system import distributed
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +176,7 @@ class VLLMEngine:
     def from_recipe(cls, recipe: RecipeConfig, base: Any, model: torch.nn.Module) -> VLLMEngine:
         """The run's engine: the rollout block of the first stage (the same in every stage) and the loaded base.
 
-        `base` is the `adaptercl.model.LoadedBase` the trainer uses; its folder is what vLLM loads, quantised in
+        `base` is the `adaptercl.model.base.LoadedBase` the trainer uses; its folder is what vLLM loads, quantised in
         flight to NF4 when the trainer's base is 4-bit and vLLM still has bitsandbytes.
         """
         require_vllm()

@@ -5,7 +5,7 @@ vllm_server`), then the `RolloutEngine` protocol, as the in-process `vllm` engin
 `generate(prompts, adapters, params)` and `sync_adapters(names)` after each optimiser step; `sleep`/`wake` are
 no-ops (the server's memory is not the trainer's).
 
-The server (`adaptercl recipe serve RECIPE` prints and runs the command that fits a recipe, `serve.py`):
+The server (`adaptercl recipe serve RECIPE` prints and runs the command that fits a recipe, `ship/serving.py`):
 - the trainer's base (the same checkpoint; `--quantization bitsandbytes` for an NF4 trainer), started with
   `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`, `--enable-lora`, `--max-lora-rank` at least the largest combined rank
   the recipe serves, `--logprobs-mode processed_logprobs` (logprobs under logits / temperature, the trainer's
@@ -30,25 +30,23 @@ row index through `row_seed`), as in the in-process engine; one request of n sam
 request's seed + j, which another step's row has too. With `params.logprobs`, `logprobs: 0` returns each sampled
 token's logprob.
 
-Under N data-parallel ranks (`distributed.py`) the ranks share the server: rank 0 alone writes and loads each adapter
-version (and unloads the one it replaces once every rank has finished its requests: a barrier first) and broadcasts
-the served name; every rank then requests completions for its own share of the prompts under that name, seeded by
-global row as above, so the rows are sampled as one process would. Ranks > 0 write nothing.
+Under N data-parallel ranks (`system/distributed.py`) the ranks share the server: rank 0 alone writes and loads each
+adapter version (and unloads the one it replaces once every rank has finished its requests: a barrier first) and
+broadcasts the served name; every rank then requests completions for its own share of the prompts under that name,
+seeded by global row as above, so the rows are sampled as one process would. Ranks > 0 write nothing.
 
 Failures: a request that cannot connect, times out or gets a 5xx answer is retried `rollout.server.retries` times
 with exponential backoff; then, or on a refusal (4xx), a one-line `RolloutServerError` names the server, the request
-and what to change. The engine checks the server when it starts (before any training), so a wrong address fails
-at once; a server that dies mid-stage stops the stage at its last checkpoint, and a rerun resumes there.
+and what to change (the HTTP side, torch-free, is `server_client.py`). The run's preflight contacts the server
+before the base model loads, and the engine checks it again when it starts, so a wrong address fails at once; a
+server that dies mid-stage stops the stage at its last checkpoint, and a rerun resumes there.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import shutil
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -57,18 +55,18 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from adaptercl import distributed
-from adaptercl.config import RecipeConfig, RecipeError, RolloutServerConfig
-from adaptercl.rollout import Completion, RolloutServerError, SamplingParams, row_requests
+from adaptercl.recipe import RecipeConfig, RolloutServerConfig
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
+from adaptercl.rollout.protocol import Completion, RolloutServerError, SamplingParams, row_requests
+from adaptercl.rollout.server_client import ServerClient, check_server
+from adaptercl.system import distributed
 
 log = logging.getLogger(__name__)
 
 ADAPTER_DIR = "rollout-adapters"  # under the run directory, unless rollout.server.adapter_dir says otherwise
 MAX_IN_FLIGHT = 64  # concurrent completion requests (the server batches them)
 MAX_SERVED = 8  # combined adapter versions loaded at once (a stage needs 2-3: policy, teacher, previous policy)
-RUNTIME_LORA_HINT = "start it with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True and --enable-lora (`adaptercl recipe serve`)"
 
 
 class VLLMServerEngine:
@@ -83,28 +81,18 @@ class VLLMServerEngine:
         serve_path: str,
         reclaim: bool = False,
     ):
-        import httpx
-
         self.model = model
         self.tokenizer = tokenizer
         self.settings = settings
-        self.url = settings.url.removesuffix("/v1")
         self.stop_ids = stop_token_ids(model, tokenizer)
-        headers = {}
-        if settings.api_key_env is not None:
-            key = os.environ.get(settings.api_key_env)
-            if not key:
-                raise RecipeError(
-                    f"rollout.server.api_key_env: the environment variable {settings.api_key_env} is not set"
-                )
-            headers["Authorization"] = f"Bearer {key}"
-        self._client = httpx.Client(base_url=self.url, timeout=settings.timeout_s, headers=headers)
+        self._client = ServerClient(settings)
+        self.url = self._client.url
         self.world = distributed.world()  # N ranks: rank 0 writes and loads the adapter versions for all
         self.tag = distributed.broadcast_object(uuid.uuid4().hex[:8])  # this engine's names and folders
         self.workdir = Path(adapter_dir).expanduser().absolute() / self.tag
         server_dir = settings.server_adapter_dir or str(Path(adapter_dir).expanduser().absolute())
         self.server_workdir = f"{server_dir.rstrip('/')}/{self.tag}"
-        self.base_model = self._check_server()
+        self.base_model = check_server(self._client, f"adaptercl-probe-{self.tag}")
         if reclaim and self.world.is_main:  # a folder this run owns: what an earlier engine of the run left goes
             self._reclaim(server_dir)
         if self.world.is_main:
@@ -167,7 +155,7 @@ class VLLMServerEngine:
 
     def server_models(self) -> list[dict[str, Any]]:
         """The server's `/v1/models` list: the base (parent None) and every loaded adapter."""
-        return self._request("GET", "/v1/models")["data"]
+        return self._client.server_models()
 
     # ---- requests
 
@@ -207,58 +195,7 @@ class VLLMServerEngine:
         return Completion.from_tokens(prompt, tokens, self.tokenizer, self.stop_ids, logprobs)
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        """The JSON (or text) answer of one request, retried on connection errors, timeouts and 5xx answers."""
-        import httpx
-
-        retries, problem = self.settings.retries, ""
-        for attempt in range(retries + 1):
-            if attempt:
-                time.sleep(self.settings.backoff_s * 2 ** (attempt - 1))
-            try:
-                response = self._client.request(method, path, json=body)
-            except httpx.TransportError as err:  # refused, reset, timed out, DNS
-                problem = f"{type(err).__name__}: {_one_line(str(err)) or 'no answer'}"
-                continue
-            if response.status_code >= 500:
-                problem = f"HTTP {response.status_code}: {_one_line(response.text)}"
-                continue
-            if response.status_code >= 400:
-                raise _refusal(self.url, method, path, response.status_code, response.text)
-            try:
-                return response.json()
-            except json.JSONDecodeError:
-                return response.text
-        tries = f"{retries + 1} attempt{'s' if retries else ''}"
-        raise RolloutServerError(
-            f"rollout server {self.url}: {method} {path} failed after {tries} ({problem}); check that the server "
-            "runs and answers at rollout.server.url (a run keeps its last checkpoint: rerun to resume)"
-        )
-
-    def _check_server(self) -> str:
-        """The base model's name on the server; fails early (one line) when the server is unreachable, does not
-        list the base asked for, or does not accept runtime LoRA loading."""
-        models = self.server_models()
-        bases = [m["id"] for m in models if m.get("parent") is None]
-        if self.settings.model is not None:
-            if self.settings.model not in bases:
-                raise RolloutServerError(
-                    f"rollout.server.model: the server at {self.url} serves {bases}, not {self.settings.model!r}"
-                )
-            base = self.settings.model
-        elif len(bases) == 1:
-            base = bases[0]
-        else:
-            raise RolloutServerError(
-                f"rollout.server.model: the server at {self.url} serves {len(bases)} base models {bases}; name one"
-            )
-        # an unknown name: 404 from the LoRA route when runtime loading is on, FastAPI's bare 404 when it is off
-        probe = self._client.post("/v1/unload_lora_adapter", json={"lora_name": f"adaptercl-probe-{self.tag}"})
-        if probe.status_code == 404 and probe.headers.get("content-type", "").startswith("application/json"):
-            if probe.json().get("detail") == "Not Found":
-                raise RolloutServerError(
-                    f"rollout server {self.url} does not accept runtime LoRA loading; {RUNTIME_LORA_HINT}"
-                )
-        return base
+        return self._client.request(method, path, body)
 
     # ---- adapter versions on the server
 
@@ -306,27 +243,3 @@ class VLLMServerEngine:
             if not self._closing:
                 raise
             log.warning("could not unload %s: %s", served.handle, err)
-
-
-def _refusal(url: str, method: str, path: str, status: int, text: str) -> RolloutServerError:
-    """A 4xx answer as one line, with what to change where the cause is known."""
-    try:
-        message = json.loads(text).get("error", {}).get("message") or text
-    except (json.JSONDecodeError, AttributeError):
-        message = text
-    message = _one_line(message)
-    hint = ""
-    if path.endswith("_lora_adapter") and status == 404 and "Not Found" in message:
-        hint = f"; {RUNTIME_LORA_HINT}"
-    elif "max_lora_rank" in message or "rank" in message.lower():
-        hint = "; restart the server with a larger --max-lora-rank (`adaptercl recipe serve` sets the recipe's)"
-    elif "No such file" in message or "not found" in message.lower() and path.endswith("load_lora_adapter"):
-        hint = (
-            "; the server must read rollout.server.adapter_dir (a shared path; see rollout.server.server_adapter_dir)"
-        )
-    return RolloutServerError(f"rollout server {url}: {method} {path} refused (HTTP {status}: {message}){hint}")
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."

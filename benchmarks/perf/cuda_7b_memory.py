@@ -3,12 +3,12 @@
 No download: a random-weight checkpoint with the exact Qwen2.5-7B-Instruct shape (Qwen2, hidden 3584, MLP 18944,
 28 layers, 28 query / 4 key-value heads, head dim 128, vocab 152064, untied embeddings, RoPE theta 1e6, RMSNorm eps
 1e-6, q/k/v biases) is written once in bfloat16 safetensors shards (~15 GB, one ~2 GB shard in memory at a time)
-with adaptercl's byte-level ChatML tokenizer, then loaded by adaptercl's own `model.load_base(..., "nf4")` (NF4,
+with adaptercl's byte-level ChatML tokenizer, then loaded by adaptercl's own `model.base.load_base(..., "nf4")` (NF4,
 double quant, bf16 compute, lm_head and embeddings bf16, as for the real model). The step is adaptercl's:
-`adapters.attach_adapter` (LoRA r16 / alpha 32 on q,k,v,o,gate,up,down by default), `teacher.create_teacher`
-(hybrid: a frozen stage-start copy of the adapter on the same base), then exactly what `stage.run_stage` does after
-the reward: `model.train()`, `train_step.train_on_batch` (student forward and backward per micro-batch, the teacher
-forward under no_grad on the teacher prompts, the GRPO and distillation losses) and
+`adapters.live.attach_adapter` (LoRA r16 / alpha 32 on q,k,v,o,gate,up,down by default), `teacher.kinds.create_teacher`
+(hybrid: a frozen stage-start copy of the adapter on the same base), then exactly what `train.stage.run_stage` does
+after the reward: `model.train()`, `train.step.train_on_batch` (student forward and backward per micro-batch, the
+teacher forward under no_grad on the teacher prompts, the GRPO and distillation losses) and
 `Teacher.update`. The batch is synthetic and of fixed length: `--sequences` rows of `--prompt-len` prompt tokens
 and `--response-len` response tokens (default 8 x (128 + 896) = 8 x 1024), random rewards -> advantages, every
 row distilled (`--distill-frac`), teacher prompts `--teacher-extra` tokens longer (a demonstration). Method
@@ -75,8 +75,8 @@ def write_random_checkpoint(shape: dict[str, Any], target: Path, device: str, sh
     from safetensors.torch import save_file
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from adaptercl.atomic import atomic_dir
-    from adaptercl.model import build_byte_tokenizer
+    from adaptercl.model.base import build_byte_tokenizer
+    from adaptercl.system.atomic import atomic_dir
 
     marker = target / "random_checkpoint.json"
     if marker.is_file() and json.loads(marker.read_text()) == shape:
@@ -125,18 +125,18 @@ def write_random_checkpoint(shape: dict[str, Any], target: Path, device: str, sh
 
 
 def variant_recipe(args: argparse.Namespace, checkpoint: Path, device: Any) -> Any:
-    """The recipe of one measured variant: the shipped recipe's `distill:`/`hybrid:` blocks for the method, the
-    workload's shape, and the variant's memory settings (grad_accum, activation checkpointing, logits chunks)."""
+    """The recipe of one measured variant: the shipped recipe's `distill:`/`hybrid:`/`srpo:` blocks for the method,
+    the workload's shape, and the variant's memory settings (grad_accum, activation checkpointing, logits chunks)."""
     import yaml
 
-    from adaptercl.config import resolve_recipe
-    from adaptercl.methods import METHODS
+    from adaptercl.recipe.grammar import resolve_recipe
+    from adaptercl.recipe.method_table import METHODS
 
     blocks: dict[str, Any] = {}
     recipe_file = HERE.parent.parent / "recipes" / f"{args.method}.yaml"
     if METHODS[args.method].needs_teacher and recipe_file.is_file():
         shipped = yaml.safe_load(recipe_file.read_text())
-        blocks = {k: shipped[k] for k in ("distill", "hybrid") if k in shipped}
+        blocks = {k: shipped[k] for k in ("distill", "hybrid", "srpo") if k in shipped}
     if args.support:
         blocks.setdefault("distill", {})["support"] = args.support
     group = 1 if args.method == "sdft" else args.sequences
@@ -163,8 +163,8 @@ def variant_recipe(args: argparse.Namespace, checkpoint: Path, device: Any) -> A
 
 
 def load(args: argparse.Namespace, checkpoint: Path, device: Any) -> tuple[Any, dict[str, Any]]:
-    """The base, loaded once by adaptercl's own `model.load_base` (NF4 on CUDA), and what loading it cost."""
-    from adaptercl.model import load_base
+    """The base, loaded once by adaptercl's own `model.base.load_base` (NF4 on CUDA), and what loading it cost."""
+    from adaptercl.model.base import load_base
 
     recipe = variant_recipe(args, checkpoint, device)
     t0 = time.perf_counter()
@@ -176,12 +176,12 @@ def load(args: argparse.Namespace, checkpoint: Path, device: Any) -> tuple[Any, 
 def stage_setup(args: argparse.Namespace, recipe: Any, base: Any, model: Any) -> tuple[Any, Any, dict[str, Any]]:
     """Student adapter, teacher, optimiser on the loaded base, as run_recipe + run_stage set them up. `model` is the
     base model or the PeftModel an earlier variant left (its adapters deleted)."""
-    from adaptercl.adapters import attach_adapter, lora_parameters, use_adapters
-    from adaptercl.methods import METHODS
-    from adaptercl.regularizers import StageRegularizers
-    from adaptercl.stage import make_optimizer
-    from adaptercl.stage_context import StageContext
-    from adaptercl.teacher import create_teacher
+    from adaptercl.adapters.live import attach_adapter, lora_parameters, use_adapters
+    from adaptercl.recipe.method_table import METHODS
+    from adaptercl.teacher.kinds import create_teacher
+    from adaptercl.train.context import StageContext
+    from adaptercl.train.regularizers import StageRegularizers
+    from adaptercl.train.stage import make_optimizer
 
     model = attach_adapter(model, "student", recipe.stages[0].lora)
     use_adapters(model, ["student"], trainable="student")
@@ -202,9 +202,9 @@ def synthetic_batch(args: argparse.Namespace, tokenizer, device: Any) -> tuple[A
     """Fixed-length student batch, advantages and distillation targets (every `--distill-frac` row distilled)."""
     import torch
 
-    from adaptercl import losses
-    from adaptercl.batching import build_batch
-    from adaptercl.distill_targets import DistillTargets
+    from adaptercl.model.batching import build_batch
+    from adaptercl.train import losses
+    from adaptercl.train.distill_targets import DistillTargets
 
     g = torch.Generator().manual_seed(0)
     n, vocab = args.sequences, len(tokenizer)
@@ -277,7 +277,7 @@ def measure_steps(args, ctx, optimizer, regs, batch, advantages, targets, cuda: 
     """`--warmup` + `--steps` training steps as run_stage makes them; each step's time and peak memory into `steps`."""
     import torch
 
-    from adaptercl.train_step import train_on_batch
+    from adaptercl.train.step import train_on_batch
 
     for i in range(args.warmup + args.steps):
         if cuda:
@@ -390,7 +390,7 @@ def markdown(result: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a 2-layer Qwen2 on CPU: checks the code path only")
-    parser.add_argument("--method", default="hybrid", choices=["grpo", "sdpo", "sdft", "hybrid"])
+    parser.add_argument("--method", default="hybrid", choices=["grpo", "sdpo", "sdft", "hybrid", "srpo"])
     parser.add_argument(
         "--support", default=None, choices=["full", "topk", "sampled"], help="override distill.support"
     )
@@ -398,7 +398,12 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--response-len", type=int, default=896)
     parser.add_argument("--teacher-extra", type=int, default=256, help="extra teacher-prompt tokens (demonstration)")
-    parser.add_argument("--distill-frac", type=float, default=1.0, help="share of rows with a distillation target")
+    parser.add_argument(
+        "--distill-frac",
+        type=float,
+        default=1.0,
+        help="share of rows with a distillation target (srpo: routed to SDPO)",
+    )
     parser.add_argument("--grad-accum", type=int, default=8, help="micro-batches per step (8: one sequence each)")
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--quantization", default=None, choices=["nf4", "none"], help="default nf4 (none with --tiny)")

@@ -1,10 +1,11 @@
 """Parameter drift of one module, exact (full SVDs) vs low-rank (top-k subspace iteration), on Qwen2.5-7B shapes.
 
 For each shape, one random W0 with a power-law spectrum σ_i = i^-alpha (random orthonormal singular vectors) and
-a rank-16 ΔW = B A with ‖ΔW‖_F / ‖W0‖_F = --delta-scale; then the code the drift report runs (`drift.py`):
-- exact: `weight_drift.spectrum(W0)` once per run (`base`), then per report
-  `weight_drift.parameter_drift(W0, ΔW, base=...)` (the SVD of W0 + ΔW and the rest), float32 on the device;
-- lowrank: `lowrank_drift.base_spectrum(W0)` once per run, then per report `lowrank_drift.lowrank_drift`.
+a rank-16 ΔW = B A with ‖ΔW‖_F / ‖W0‖_F = --delta-scale; then the code the drift report runs (`measure/drift.py`):
+- exact: `measure.weight_drift.spectrum(W0)` once per run (`base`), then per report
+  `measure.weight_drift.parameter_drift(W0, ΔW, base=...)` (the SVD of W0 + ΔW and the rest), float32 on the device;
+- lowrank: `measure.lowrank_drift.base_spectrum(W0)` once per run, then per report
+  `measure.lowrank_drift.lowrank_drift`.
 Both per-report parts are timed (median of --repeats after one untimed run; the exact path once on CPU, where
 it takes minutes), and the results of the two are compared (principal angle, top-k spectral shift, ‖ΔW‖_F), with
 --reference against float64 full SVDs too (top-k singular values as well): on a GPU the float32 exact path is
@@ -36,7 +37,7 @@ import torch  # noqa: E402
 from perf_common import write_result  # noqa: E402
 from provenance import markdown_table, provenance  # noqa: E402
 
-from adaptercl import lowrank_drift, weight_drift  # noqa: E402
+from adaptercl.measure import lowrank_drift, weight_drift  # noqa: E402
 
 # Qwen2.5-7B: hidden 3584, MLP 18944, 28 layers, 4 KV heads of 128; [out, in] and count among the 196 weights
 SHAPES = {

@@ -4,8 +4,8 @@ Each measurement runs in a fresh child process (this script with `--child WHAT`)
 not carry over. The parent reads the child's peak RSS from `os.wait4` (its `ru_maxrss`, the kernel's high-water
 mark of that process); the child also reports VmRSS / VmHWM from /proc/self/status at phases:
 - `loaded`: after `load_base` (the model alone; `baseline` stops here);
-- `stage`: after `--steps` steps of `stage.run_stage`, set up as `run_recipe` does (student adapter; the
-  method's self-teacher from `teacher.create_teacher`). When the kernel allows it the child resets its
+- `stage`: after `--steps` steps of `train.stage.run_stage`, set up as `run_recipe` does (student adapter; the
+  method's self-teacher from `teacher.kinds.create_teacher`). When the kernel allows it the child resets its
   high-water mark after loading (`/proc/self/clear_refs` = 5), so `stage_peak` is the peak of the stage alone,
   without the load transient.
 
@@ -74,16 +74,16 @@ def child_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import torch
     import yaml
 
-    from adaptercl.adapters import attach_adapter, use_adapters
-    from adaptercl.config import resolve_recipe
+    from adaptercl.adapters.live import attach_adapter, use_adapters
+    from adaptercl.adapters.stacking import stage_dir_name
     from adaptercl.domains import load_domain
-    from adaptercl.methods import METHODS
-    from adaptercl.model import load_base
+    from adaptercl.model.base import load_base
+    from adaptercl.recipe.grammar import resolve_recipe
+    from adaptercl.recipe.method_table import METHODS
     from adaptercl.rollout.hf import HFEngine
-    from adaptercl.run_dir import stage_dir_name
-    from adaptercl.stage import run_stage
-    from adaptercl.stage_context import StageContext
-    from adaptercl.teacher import create_teacher
+    from adaptercl.teacher.kinds import create_teacher
+    from adaptercl.train.context import StageContext
+    from adaptercl.train.stage import run_stage
 
     method = args.child if args.child != "baseline" else "grpo"
     P, G = args.prompts_per_step, args.group_size

@@ -1,5 +1,5 @@
 """Padding in the training step on the shipped domains' real lengths: positions computed ÷ real tokens, before and
-after length-sorted, trimmed micro-batches (`adaptercl/micro_batch_rows.py`, `batching.trim_padding`).
+after length-sorted, trimmed micro-batches (`adaptercl/train/micro_batch_rows.py`, `model/batching.trim_padding`).
 
 The workload is the shipped 24 GB recipes' (recipes/grpo.yaml, sdpo.yaml, hybrid.yaml): 4 prompts x 8 samples = 32
 sequences a step, responses capped at 384 tokens, micro-batches of 11 (grpo), 6 (sdpo) and 8 (hybrid) rows, what
@@ -65,9 +65,9 @@ MODEL = "smollm2-135m-instruct"
 
 def load_domains(data: Path, tokenizer) -> dict[str, tuple[int, Any, list[list[int]]]]:
     """name -> (stage index, Domain, its train prompts encoded as `run_stage` encodes them)."""
-    from adaptercl.batching import encode_chat
-    from adaptercl.config import DomainConfig
     from adaptercl.domains import load_domain
+    from adaptercl.model.batching import encode_chat
+    from adaptercl.recipe.domain_block import DomainConfig
 
     out = {}
     for name, (index, block) in DOMAINS.items():
@@ -78,7 +78,7 @@ def load_domains(data: Path, tokenizer) -> dict[str, tuple[int, Any, list[list[i
 
 
 def step_prompts(n_train: int, index: int, step: int) -> list[int]:
-    from adaptercl.stage_context import prompts_for_step
+    from adaptercl.train.context import prompts_for_step
 
     return prompts_for_step(n_train, PROMPTS_PER_STEP, 0, index, step)
 
@@ -87,11 +87,11 @@ def sample_lengths(domains, steps: int) -> list[dict[str, Any]]:
     """`steps` steps of each domain: the rows' prompt indices and SmolLM2's sampled response lengths."""
     import torch
 
-    from adaptercl.config import ModelConfig
-    from adaptercl.model import load_base
+    from adaptercl.model.base import load_base
+    from adaptercl.recipe.grammar import ModelConfig
     from adaptercl.rollout import SamplingParams
     from adaptercl.rollout.hf import HFEngine
-    from adaptercl.stage_context import step_seed
+    from adaptercl.train.context import step_seed
 
     base = load_base(ModelConfig(name=MODEL), "none", torch.device("cpu"))
     engine = HFEngine(base.model, base.tokenizer, batch_size=PROMPTS_PER_STEP * GROUP)
@@ -112,7 +112,7 @@ def sample_lengths(domains, steps: int) -> list[dict[str, Any]]:
 def step_batch(prompts: list[list[int]], picked: list[int], lengths: list[int]):
     """The step's batch as `run_stage` builds it (group-contiguous rows); response tokens are placeholders (only
     their number matters to the layouts)."""
-    from adaptercl.batching import build_batch
+    from adaptercl.model.batching import build_batch
 
     rows = [prompts[i] for i in picked for _ in range(GROUP)]
     return build_batch(rows, [[1] * k for k in lengths], pad_id=0)
@@ -120,7 +120,7 @@ def step_batch(prompts: list[list[int]], picked: list[int], lengths: list[int]):
 
 def count(batch, micro: int, share: bool) -> dict[str, Any]:
     """Positions computed before and after, and the order `micro_batch_rows` picks, for one step's batch."""
-    from adaptercl.micro_batch_rows import ORDERS, forward_positions, micro_batch_rows, order_cost, split_order
+    from adaptercl.train.micro_batch_rows import ORDERS, forward_positions, micro_batch_rows, order_cost, split_order
 
     n = batch.input_ids.shape[0]
     padded = sum(forward_positions(batch.select(slice(s, s + micro)), share) for s in range(0, n, micro))
@@ -224,8 +224,8 @@ def main() -> None:
         sys.exit(f"padding: no data folder at {args.data} (--data DIR)")
     import torch
 
-    from adaptercl.config import ModelConfig
-    from adaptercl.model import load_base
+    from adaptercl.model.base import load_base
+    from adaptercl.recipe.grammar import ModelConfig
 
     info = provenance()
     tokenizer = load_base(ModelConfig(name=MODEL), "none", torch.device("cpu")).tokenizer

@@ -15,7 +15,7 @@ RESULTS_DIR = HERE / "results"
 
 def write_result(name: str, payload: dict[str, Any], out_dir: Path | None = None) -> Path:
     """Write `payload` as `out_dir/name.json` (default RESULTS_DIR) atomically: temporary file, then rename."""
-    from adaptercl.atomic import write_json
+    from adaptercl.system.atomic import write_json
 
     target = (out_dir or RESULTS_DIR) / f"{name}.json"
     write_json(target, payload)

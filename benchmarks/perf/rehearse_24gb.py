@@ -103,9 +103,9 @@ def rehearsal_raw(args: argparse.Namespace, checkpoint: Path, work: Path) -> tup
 def write_domain(folder: Path, prompt_tokens: int) -> Path:
     """train.jsonl (64 rows) and test.jsonl (16) in the gsm8k format: sums whose question is padded so that the
     encoded prompt is `prompt_tokens` tokens (the byte tokenizer: one byte, one token)."""
-    from adaptercl.batching import encode_chat
     from adaptercl.domains.datasets_formats import GSM8K_SYSTEM, chat
-    from adaptercl.model import build_byte_tokenizer
+    from adaptercl.model.base import build_byte_tokenizer
+    from adaptercl.model.batching import encode_chat
 
     tok = build_byte_tokenizer()
     folder.mkdir(parents=True, exist_ok=True)
@@ -219,20 +219,21 @@ class PhaseMeter:
 
 
 def instrument(meter: PhaseMeter) -> None:
-    """Open a phase around each function of the run that belongs to one (looked up where `run.py`/`stage.py` call
-    them), and time the engines' generate calls."""
-    import adaptercl.run as run
-    import adaptercl.stage as stage
+    """Open a phase around each function of the run that belongs to one (looked up where `run/sequence.py` and
+    `train/stage.py` call them), and time the engines' generate calls."""
+    import adaptercl.run.sequence as sequence
+    import adaptercl.train.stage as stage
+    from adaptercl.rollout.engines import Engines
     from adaptercl.rollout.hf import HFEngine
     from adaptercl.rollout.vllm import VLLMEngine  # imports vllm only when an engine starts
 
-    meter.wrap(run.Engines, "for_model", "engine")
-    meter.wrap(run, "run_stage", "rollout")
+    meter.wrap(Engines, "for_model", "engine")
+    meter.wrap(sequence, "run_stage", "rollout")
     meter.wrap(stage, "train_on_batch", "train")
     meter.wrap(stage, "distill_targets", "train")
-    meter.wrap(run, "evaluate_all", "eval")
+    meter.wrap(sequence, "evaluate_all", "eval")
     for name in ("teacher_lift", "parameter_drift_report", "response_drift", "stage_kl"):
-        meter.wrap(run, name, "diagnostics")
+        meter.wrap(sequence, name, "diagnostics")
     meter.time_generate(HFEngine)
     meter.time_generate(VLLMEngine)
 
@@ -241,8 +242,8 @@ def cap_card(meter: PhaseMeter, total_gib: float) -> dict[str, Any]:
     """Make the card look 24 GiB: torch's allocator capped, the auto settings sized for 24 GiB (see the docstring)."""
     import torch
 
-    import adaptercl.micro_batch as micro_batch
     import adaptercl.rollout.vllm as vllm_engine
+    import adaptercl.train.micro_batch as micro_batch
 
     fraction = min(1.0, CARD_GIB / total_gib)
     torch.cuda.set_per_process_memory_fraction(fraction)
@@ -256,7 +257,7 @@ def cap_card(meter: PhaseMeter, total_gib: float) -> dict[str, Any]:
 
 
 def plan_phases(recipe: Any, prompt_tokens: int) -> dict[str, Any]:
-    from adaptercl.memory_plan import plan_recipe
+    from adaptercl.plan.memory import plan_recipe
 
     plan = plan_recipe(recipe, gpu_memory_gib=CARD_GIB, prompt_tokens=prompt_tokens)
     phases = {p.name: {"stage": p.stage, "gib": p.gib, "limit_gib": p.limit_gib, "fits": p.fits} for p in plan.phases}
@@ -264,7 +265,7 @@ def plan_phases(recipe: Any, prompt_tokens: int) -> dict[str, Any]:
 
 
 def step_times(recipe: Any, output_dir: Path) -> dict[str, list[dict[str, float]]]:
-    from adaptercl.run_dir import stage_dir_name
+    from adaptercl.adapters.stacking import stage_dir_name
 
     out = {}
     for i, stage in enumerate(recipe.stages):
@@ -281,9 +282,9 @@ def step_times(recipe: Any, output_dir: Path) -> dict[str, list[dict[str, float]
 def rehearse(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import torch
 
-    from adaptercl.config import resolve_recipe
-    from adaptercl.engine_choice import with_engine
-    from adaptercl.run import run_recipe
+    from adaptercl.recipe.grammar import resolve_recipe
+    from adaptercl.rollout.engine_choice import with_engine
+    from adaptercl.run.sequence import run_recipe
 
     cuda = not args.tiny
     t_start = time.perf_counter()

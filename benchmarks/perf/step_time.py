@@ -68,7 +68,7 @@ LONG_DOMAINS = {name: block for name, (_, block) in DOMAINS.items()}  # recipes/
 
 def workload_domain(args: argparse.Namespace):
     """The domain whose prompts both systems train on: built-in arithmetic (short) or a shipped one (long)."""
-    from adaptercl.config import DomainConfig
+    from adaptercl.recipe.domain_block import DomainConfig
 
     if args.workload == "short":
         return DomainConfig(name="arithmetic", source="builtin:arithmetic")
@@ -106,8 +106,8 @@ def plain_model_folder(name: str, work: Path) -> tuple[str, str]:
     keeps the GGUF `quantization_config` in config.json; transformers then marks the model quantised and Trainer
     refuses to train it. A sibling folder of symlinks with that key removed is what both systems load.
     """
-    from adaptercl.config import ModelConfig
-    from adaptercl.model import resolve_model_path
+    from adaptercl.model.base import resolve_model_path
+    from adaptercl.recipe.grammar import ModelConfig
 
     path, _ = resolve_model_path(ModelConfig(name=name))
     config = json.loads((Path(path) / "config.json").read_text())
@@ -127,13 +127,13 @@ def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
     """A GRPO stage set up as `run_recipe` does (student adapter on the loaded base), minus the evaluations."""
     import torch
 
-    from adaptercl.adapters import attach_adapter, use_adapters
-    from adaptercl.config import resolve_recipe
+    from adaptercl.adapters.live import attach_adapter, use_adapters
+    from adaptercl.adapters.stacking import stage_dir_name
     from adaptercl.domains import Domain, RewardResult, load_domain
-    from adaptercl.model import load_base
+    from adaptercl.model.base import load_base
+    from adaptercl.recipe.grammar import resolve_recipe
     from adaptercl.rollout.hf import HFEngine
-    from adaptercl.run_dir import stage_dir_name
-    from adaptercl.stage_context import StageContext
+    from adaptercl.train.context import StageContext
 
     alarms = ("nonfinite", "divergence_collapse", "target_starvation", "repetition", "entropy_collapse")
     off = {alarm: "off" for alarm in alarms}
@@ -193,7 +193,7 @@ def trl_trainer(args: argparse.Namespace, work: Path, model_path: str, ctx, call
     from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from adaptercl.adapters import peft_lora_config
+    from adaptercl.adapters.live import peft_lora_config
 
     lengths: list[int] = []
 
@@ -204,7 +204,7 @@ def trl_trainer(args: argparse.Namespace, work: Path, model_path: str, ctx, call
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token  # as adaptercl.model.load_base
+        tokenizer.pad_token = tokenizer.eos_token  # as adaptercl.model.base.load_base
     config = GRPOConfig(
         output_dir=str(work / "trl"),
         use_cpu=True,
@@ -264,8 +264,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from transformers import TrainerCallback
 
-    from adaptercl.batching import encode_chat
-    from adaptercl.stage import run_stage
+    from adaptercl.model.batching import encode_chat
+    from adaptercl.train.stage import run_stage
 
     model_path, model_note = plain_model_folder(args.model, work)
     ctx = adaptercl_context(args, work, model_path)

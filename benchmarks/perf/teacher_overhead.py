@@ -4,10 +4,11 @@ One batch of rollouts is sampled once (P prompts x G samples, fixed length: `min
 scored with a fixed success pattern: the first `--failed-group-frac` of the groups have no success, every other
 group has one success (its first sample); failures carry the arithmetic reward's feedback string. Then, for each
 method, on the same model (one student adapter per method, each with its own self-teacher made by
-`teacher.create_teacher`, as `run_recipe` does), the script times what `stage.run_stage` does after the reward:
+`teacher.kinds.create_teacher`, as `run_recipe` does), the script times what `train.stage.run_stage` does after the
+reward:
 
 - `targets`: `stage.distill_targets` (teacher prompts, tokenisation, the token mask; hybrid's sparse choice);
-- `train`: `train_step.train_on_batch` (student forward, teacher forward under no_grad, losses, backward, clip,
+- `train`: `train.step.train_on_batch` (student forward, teacher forward under no_grad, losses, backward, clip,
   AdamW step);
 - `teacher_update`: `Teacher.update` (the EMA of dW for sdpo/sdft; nothing for hybrid's stage-start teacher).
 
@@ -69,7 +70,7 @@ MONITOR_OFF = {alarm: "off" for alarm in ALARMS}  # no rollbacks or stops while 
 def method_recipe(args: argparse.Namespace, variant: str, out_dir: Path, prompts: int, group: int, steps: int) -> Any:
     """A one-stage recipe of `variant`'s method with the shipped recipe's distill/hybrid blocks and the variant's
     teacher autocast (validated by adaptercl)."""
-    from adaptercl.config import resolve_recipe
+    from adaptercl.recipe.grammar import resolve_recipe
 
     method, autocast = VARIANTS[variant]
     blocks: dict[str, Any] = {}
@@ -104,13 +105,13 @@ def sequences_layout(args: argparse.Namespace, variant: str) -> tuple[int, int]:
 
 def method_context(args: argparse.Namespace, variant: str, model, tokenizer, domain, stage_dir: Path, steps: int):
     """Student adapter `stage_dir.name` with its teacher, optimiser and regularisers, set up as run_recipe does."""
-    from adaptercl.adapters import attach_adapter, use_adapters
-    from adaptercl.methods import METHODS
-    from adaptercl.regularizers import StageRegularizers
+    from adaptercl.adapters.live import attach_adapter, use_adapters
+    from adaptercl.recipe.method_table import METHODS
     from adaptercl.rollout.hf import HFEngine
-    from adaptercl.stage import make_optimizer
-    from adaptercl.stage_context import StageContext
-    from adaptercl.teacher import create_teacher
+    from adaptercl.teacher.kinds import create_teacher
+    from adaptercl.train.context import StageContext
+    from adaptercl.train.regularizers import StageRegularizers
+    from adaptercl.train.stage import make_optimizer
 
     stage_dir.mkdir(parents=True)
     prompts, group = sequences_layout(args, variant)
@@ -132,10 +133,10 @@ def fixed_batch(args: argparse.Namespace, ctx, domain):
     """One batch of rollouts from the grpo student and the fixed success pattern (see the module docstring)."""
     import torch
 
-    from adaptercl import losses
-    from adaptercl.batching import build_batch, encode_chat
     from adaptercl.domains import RewardResult
+    from adaptercl.model.batching import build_batch, encode_chat
     from adaptercl.rollout import SamplingParams
+    from adaptercl.train import losses
 
     P, G = args.prompts_per_step, args.group_size
     examples = domain.train[:P]
@@ -171,7 +172,7 @@ def load_workload(args: argparse.Namespace, work: Path):
     import torch
 
     from adaptercl.domains import load_domain
-    from adaptercl.model import load_base
+    from adaptercl.model.base import load_base
 
     probe = method_recipe(args, "grpo", work, 1, 2, 1)
     base = load_base(probe.model, "none", torch.device("cpu"))
@@ -182,9 +183,9 @@ def load_workload(args: argparse.Namespace, work: Path):
 
 def time_training(args: argparse.Namespace, model, tokenizer, domain, work: Path) -> tuple[dict[str, Any], Any]:
     """Every method trains on the same batch, `warmup + repeats` times in rotated order. Returns (results, model)."""
-    from adaptercl.adapters import use_adapters
-    from adaptercl.distill_targets import distill_targets
-    from adaptercl.train_step import train_on_batch
+    from adaptercl.adapters.live import use_adapters
+    from adaptercl.train.distill_targets import distill_targets
+    from adaptercl.train.step import train_on_batch
 
     variants = args.variants
     setups = method_contexts(args, model, tokenizer, domain, work / "batch")
@@ -232,9 +233,9 @@ def time_training(args: argparse.Namespace, model, tokenizer, domain, work: Path
 
 def time_full_steps(args: argparse.Namespace, model, tokenizer, domain, work: Path) -> dict[str, Any]:
     """`--full-steps` + 1 real run_stage steps per method (the first left out); time_step_s from metrics.jsonl."""
-    from adaptercl.adapters import use_adapters
+    from adaptercl.adapters.live import use_adapters
     from adaptercl.domains import Domain, RewardResult
-    from adaptercl.stage import run_stage
+    from adaptercl.train.stage import run_stage
 
     G = args.group_size
 

@@ -5,7 +5,7 @@ Parts, each the median of `--repeats` calls after one warm-up call, the model in
 - `student_forward_s`: `response_logits` of the whole batch (what every method, GRPO too, computes);
 - `teacher_forward_s`: `Teacher.logits` on the rows with a distillation target (no grad; bf16 autocast for the
   `+bf16` variants);
-- `divergence_s`: `losses.distillation_divergence` on those rows (forward only);
+- `divergence_s`: `train.losses.distillation_divergence` on those rows (forward only);
 - `student_distill_backward_s`: student forward + divergence + backward (the teacher logits precomputed);
 - `grpo_like_backward_s`: student forward + sum of the sampled tokens' logprobs + backward (GRPO's graph, for
   comparison);
@@ -66,8 +66,8 @@ def variant_parts(ctx, batch, targets, repeats: int) -> dict[str, Any]:
     """The parts of one variant's step (see the module docstring) on the rows with a distillation target."""
     import torch
 
-    from adaptercl import losses
-    from adaptercl.batching import response_logits
+    from adaptercl.model.batching import response_logits
+    from adaptercl.train import losses
 
     model, cfg = ctx.model, ctx.stage.distill
     rows = (targets.mask.sum(-1) > 0).nonzero().squeeze(-1)  # [n_t]
@@ -107,8 +107,8 @@ def variant_parts(ctx, batch, targets, repeats: int) -> dict[str, Any]:
 
 
 def time_parts(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from adaptercl.adapters import use_adapters
-    from adaptercl.distill_targets import distill_targets
+    from adaptercl.adapters.live import use_adapters
+    from adaptercl.train.distill_targets import distill_targets
 
     base, domain = load_workload(args, work)
     setups = method_contexts(args, base.model, base.tokenizer, domain, work)

@@ -2,13 +2,13 @@
 
 The step is the one `cuda_7b_memory.py` measures on a GPU, set up by the same functions (`variant_recipe`,
 `stage_setup`, `synthetic_batch`: adaptercl's `attach_adapter`, `create_teacher`, `make_optimizer`, then
-`train_step.train_on_batch` and `Teacher.update`), on a Qwen2.5-7B-shaped model built on the meta device whose
-parameters and buffers are then made fake (`adaptercl.memory_trace.fakeify`); `adaptercl.memory_trace.LiveBytes`
-counts live tensor storage bytes through one step, AdamW's state made beforehand as its first step makes it (so
-the one step is a steady-state step, as the GPU run's timed steps are; `--validate` runs two steps instead, the
-first building the state). The split of the peak: weights (base parameters and buffers), LoRA + optimiser (student
-and teacher adapters, AdamW's two states), logits (tensors whose last dimension is the vocabulary), activations and
-the rest (the difference: activations, the LoRA gradients, temporaries).
+`train.step.train_on_batch` and `Teacher.update`), on a Qwen2.5-7B-shaped model built on the meta device whose
+parameters and buffers are then made fake (`adaptercl.plan.memory_trace.fakeify`);
+`adaptercl.plan.memory_trace.LiveBytes` counts live tensor storage bytes through one step, AdamW's state made
+beforehand as its first step makes it (so the one step is a steady-state step, as the GPU run's timed steps are;
+`--validate` runs two steps instead, the first building the state). The split of the peak: weights (base parameters and
+buffers), LoRA + optimiser (student and teacher adapters, AdamW's two states), logits (tensors whose last dimension is
+the vocabulary), activations and the rest (the difference: activations, the LoRA gradients, temporaries).
 
 NF4 stand-in (`NF4Linear`): bitsandbytes' `Params4bit` cannot be created under FakeTensorMode, so every decoder
 projection becomes a `bnb.nn.Linear4bit` subclass (PEFT wraps it with its bnb LoRA layer, as on the GPU) holding
@@ -52,7 +52,7 @@ from cuda_7b_memory import QWEN25_7B, apply_variant, stage_setup, synthetic_batc
 from perf_common import write_result  # noqa: E402
 from provenance import markdown_table, provenance  # noqa: E402
 
-from adaptercl.memory_trace import LiveBytes, fake_mode, fakeify  # noqa: E402
+from adaptercl.plan.memory_trace import LiveBytes, fake_mode, fakeify  # noqa: E402
 
 GIB = 2**30
 BLOCK, NESTED_BLOCK = 64, 256  # bitsandbytes NF4 blocksize; double quant's blocksize over the absmax
@@ -135,16 +135,16 @@ def traced_steps(
     and the split of the last peak."""
     from unittest import mock
 
-    from adaptercl.adapters import lora_parameters
-    from adaptercl.regularizers import StageRegularizers
-    from adaptercl.stage import make_optimizer
-    from adaptercl.train_step import train_on_batch
+    from adaptercl.adapters.live import lora_parameters
+    from adaptercl.train.regularizers import StageRegularizers
+    from adaptercl.train.stage import make_optimizer
+    from adaptercl.train.step import train_on_batch
 
     # On the meta device there are no values to copy into the teacher's adapter (the values do not matter here).
     with contextlib.ExitStack() as meta_setup:
         if fake:
-            meta_setup.enter_context(mock.patch("adaptercl.teacher.copy_adapter", lambda *_, **__: None))
-            meta_setup.enter_context(mock.patch("adaptercl.teacher.Teacher._ema_step", lambda *_, **__: None))
+            meta_setup.enter_context(mock.patch("adaptercl.teacher.kinds.copy_adapter", lambda *_, **__: None))
+            meta_setup.enter_context(mock.patch("adaptercl.teacher.kinds.Teacher._ema_step", lambda *_, **__: None))
         ctx, (optimizer, regs), info = stage_setup(args, recipe, SimpleNamespace(tokenizer=tokenizer), model)
     mode = fake_mode() if fake else None
     if fake:  # adapters attached on the meta device; now every parameter and buffer becomes fake
@@ -200,7 +200,7 @@ def traced_steps(
 
 def validate(args) -> list[dict[str, Any]]:
     """Real CPU run vs fake trace, same counter, same workload, per model: the traced peak must be within 10 %."""
-    from adaptercl.model import load_base
+    from adaptercl.model.base import load_base
 
     rows = []
     for model_name in args.validate_models:
@@ -225,7 +225,7 @@ def validate(args) -> list[dict[str, Any]]:
 
 
 def trace_7b(args) -> list[dict[str, Any]]:
-    from adaptercl.model import build_byte_tokenizer
+    from adaptercl.model.base import build_byte_tokenizer
 
     tokenizer = build_byte_tokenizer()
     out = []

@@ -1,17 +1,18 @@
 """The science benchmark's statistics, from the run records of `collect.py` (pure: numbers in, numbers out).
 
 Intervals (all 95 %):
-- one accuracy of one run: the Wilson interval over its n eval examples (`stats.wilson_interval`);
+- one accuracy of one run: the Wilson interval over its n eval examples (`measure.stats.wilson_interval`);
 - figures made of accuracies (a cell of the accuracy matrix, ACC, forgetting, plasticity, BWT, FWT, the forgetting
   a stage caused), for one run or averaged over seeds: a two-level percentile bootstrap (`bootstrap`). Each resample
   draws the seeds with replacement and then, independently for each drawn seed and domain, that seed's eval
-  examples with replacement; the figure is computed from the resampled accuracy matrix with `metrics.cl_metrics` /
-  `metrics.stage_forgetting` and averaged over the drawn seeds. A seed fixes the eval set (the builtin domains draw
-  it from the seed), so every method of a seed is resampled with the same examples: a difference between two methods
-  is paired (the same draws for both). With 3 seeds the seed level has few distinct draws, so these intervals are
-  the example noise plus a coarse view of the seed-to-seed spread; the per-seed figures are listed beside them;
+  examples with replacement; the figure is computed from the resampled accuracy matrix with
+  `measure.metrics.cl_metrics` / `measure.metrics.stage_forgetting` and averaged over the drawn seeds. A seed fixes the
+  eval set (the builtin domains draw it from the seed), so every method of a seed is resampled with the same examples:
+  a difference between two methods is paired (the same draws for both). With 3 seeds the seed level has few distinct
+  draws, so these intervals are the example noise plus a coarse view of the seed-to-seed spread; the per-seed figures
+  are listed beside them;
 - per-run figures not made of eval examples (parameter drift, KL to the base, reward drop, the teacher lift's mean
-  over seeds, minutes): the Student-t interval over the seeds (`stats.t_interval`), of the paired per-seed
+  over seeds, minutes): the Student-t interval over the seeds (`measure.stats.t_interval`), of the paired per-seed
   differences where two methods are compared.
 A direction "holds" when its interval excludes 0 on the expected side, is "opposite" when it excludes 0 on the
 other, and is "undecided" when it contains 0.
@@ -24,8 +25,8 @@ import statistics
 
 import torch
 
-from adaptercl.metrics import cl_metrics, stage_forgetting
-from adaptercl.stats import linear_fit, t_interval, wilson_interval
+from adaptercl.measure.metrics import cl_metrics, stage_forgetting
+from adaptercl.measure.stats import linear_fit, t_interval, wilson_interval
 
 RUN_FIGURES = ("acc", "forgetting", "plasticity", "bwt", "fwt")  # of cl_metrics, bootstrapped
 SCALARS = ("parameter_drift", "response_kl_to_base", "foreign_format_rate", "reward_drop", "train_minutes")
@@ -309,8 +310,8 @@ def hybrid_goal(summary: dict, draws: dict, sdpo_variants: tuple[str, ...]) -> l
 def kl_vs_forgetting(summary: dict, runs: dict[str, dict[int, dict]], resamples: int, seed: int = 0) -> dict:
     """RL's Razor at this scale: one point per run and stage k ≥ 2, x = the forward KL from the previous stage's
     policy on stage k's prompts (nats per token and per response), y = the forgetting stage k caused
-    (`metrics.stage_forgetting`, with its one-run bootstrap interval). The least-squares fit and its R², pooled and
-    per stage; the R²'s interval from a bootstrap over runs (each run's points together)."""
+    (`measure.metrics.stage_forgetting`, with its one-run bootstrap interval). The least-squares fit and its R², pooled
+    and per stage; the R²'s interval from a bootstrap over runs (each run's points together)."""
     points = []
     for m, by_seed in runs.items():
         for s, run in by_seed.items():
@@ -363,7 +364,7 @@ def fit_with_interval(points: list[dict], x_key: str, resamples: int, gen: torch
 
 def teacher_lift_table(runs: dict[str, dict[int, dict]]) -> list[dict]:
     """Per method with a self-teacher and stage: each seed's lift with its own interval (paired bootstrap over
-    prompts, diagnostics.py) and n, the mean over seeds with a t-interval, the lift pooled over the seeds' prompts
+    prompts, run/diagnostics.py) and n, the mean over seeds with a t-interval, the lift pooled over the seeds' prompts
     (`pooled_lift`), and whether it is positive: the pooled interval lies above 0 (`positive`; the premise the
     per-stage "specialises faster" checks require) and every seed's own interval does (`positive_every_seed`)."""
     rows = []

@@ -1,6 +1,6 @@
 """Reading the science benchmark's run directories: one JSON-ready record per finished run (method, seed).
 
-What a record holds, and where from (layout: adaptercl/run_dir.py):
+What a record holds, and where from (layout: adaptercl/run_dir/layout.py):
 - correct[k][d]: each eval example's greedy correctness on domain d after stage k (row 0 before training), from the
   stages' eval.json `correct`; accuracy[k][d] its mean, n[d] the examples. The intervals over examples start here.
 - stage_kl[k−1]: drift.json `stage_kl` of stage k (forward KL from the previous stage's policy on stage k's train

@@ -16,7 +16,7 @@ from headline import general_delta, learnable_stages, pareto_points, peak_final,
 from plots import pareto, plot
 from provenance import command, git_revision, machine, versions
 
-from adaptercl.atomic import write_json, write_text
+from adaptercl.system.atomic import write_json, write_text
 
 PYTHON_PATH = re.compile(r"\S*/python[0-9.]*(?=\s|$)")  # an interpreter's path in a recorded command
 

@@ -41,8 +41,8 @@ sys.path.insert(0, str(HERE))
 
 from provenance import git_revision  # noqa: E402
 
-from adaptercl.atomic import write_json  # noqa: E402
-from adaptercl.config import RecipeError, resolve_recipe  # noqa: E402
+from adaptercl.recipe.grammar import RecipeError, resolve_recipe  # noqa: E402
+from adaptercl.system.atomic import write_json  # noqa: E402
 
 # The methods: each a block merged over base.yaml (the method name goes to every stage). The self-teacher methods
 # run the teacher's forward in bf16 where the CPU has bf16 matrix instructions (`autocast: auto`, as the shipped CPU
@@ -57,17 +57,17 @@ METHODS: dict[str, dict] = {
     "grpo": {"method": "grpo"},
     # GRPO with a KL of weight 0.01 to the stage start (the previous stage's policy; token mean on the rollouts)
     "grpo_kl": {"method": "grpo", "regularizers": {"kl_prev": 0.01}},
-    # SDPO with the reference defaults (methods.py): EMA teacher τ 0.05, JSD α 0.5, student's top-100 + tail,
-    # shown a successful sibling or format feedback; the per-sequence mean over every sample (no target = 0)
+    # SDPO with the reference defaults (recipe/method_table.py): EMA teacher τ 0.05, JSD α 0.5, student's top-100 +
+    # tail, shown a successful sibling or format feedback; the per-sequence mean over every sample (no target = 0)
     "sdpo": {"method": "sdpo", "distill": AUTOCAST},
     # SDPO with the gated teacher (CGTR): frozen, refreshed only on reward gain with a safe length tail. The default
     # 10-step period cannot check within a 12-step stage: a 4-step window and period (baseline after step 4, checks
-    # at 8 and 12); δ and ε the defaults (method_config.TeacherConfig)
+    # at 8 and 12); δ and ε the defaults (recipe.method_blocks.TeacherConfig)
     "sdpo_gated": {
         "method": "sdpo",
         "distill": {"teacher": {"kind": "gated", "refresh_every": 4, "autocast": "auto"}},
     },
-    # SRPO (arXiv 2604.02288) with the method table's paper defaults (the srpo row of methods.py)
+    # SRPO (arXiv 2604.02288) with the method table's paper defaults (the srpo row of recipe/method_table.py)
     "srpo": {"method": "srpo", "distill": AUTOCAST},
     # continual SRPO: SRPO's routing with the stage-start teacher and the hybrid's conservative terms (L2 0.01 to the
     # stage-start ΔW, 1 of 4 prompts replayed from earlier domains); `gated` is the other teacher the issue names

@@ -25,7 +25,7 @@ sys.path.insert(0, str(HERE.parent))  # benchmarks/, for the shared provenance.p
 
 from provenance import markdown_table, provenance  # noqa: E402
 
-from adaptercl.stats import wilson_interval  # noqa: E402
+from adaptercl.measure.stats import wilson_interval  # noqa: E402
 
 RUN = Path("runs/user_journey")
 EVAL_OUT, EXPORT, ADAPTER_EVAL = (

@@ -90,10 +90,10 @@ def main() -> None:
 def bench_model(name: str, steps: int, rank: int) -> dict:
     import torch
 
-    from adaptercl import adapters as ad
-    from adaptercl.batching import encode_chat
-    from adaptercl.config import LoraConfig, ModelConfig
-    from adaptercl.model import load_base
+    from adaptercl.adapters import live as ad
+    from adaptercl.model.base import load_base
+    from adaptercl.model.batching import encode_chat
+    from adaptercl.recipe.grammar import LoraConfig, ModelConfig
     from adaptercl.rollout import SamplingParams
     from adaptercl.rollout.hf import HFEngine
     from adaptercl.rollout.vllm import VLLMEngine
@@ -170,7 +170,7 @@ class PlainEngine:
     def __init__(self, base, prompts: list[list[int]], probe: list[list[int]]):
         from vllm import LLM
 
-        from adaptercl.model import servable_base_path
+        from adaptercl.model.base import servable_base_path
 
         self.scratch = Path(tempfile.mkdtemp(prefix="bench-vllm-sync-"))
         self.llm = LLM(
@@ -205,7 +205,7 @@ def perturb(model, scale: float) -> None:
     """Change the adapter in place, as an optimiser step would (non-zero B so it matters)."""
     import torch
 
-    from adaptercl import adapters as ad
+    from adaptercl.adapters import live as ad
 
     with torch.no_grad():
         for p in ad.lora_parameters(model, "student").values():

@@ -1,0 +1,53 @@
+"""The base model and its forwards: loading (built-in aliases, hub ids, local folders, GGUF; NF4 or plain: `base.py`),
+its shape and what its parts weigh, read from its config (`shapes.py`), which decoder layers `lora.layers` names
+(`lora_layers.py`, without loading a weight), token batches and the logits or hidden states at their response
+positions (`batching.py`: `TokenBatch`, `ResponseScores`), and prompt prefixes computed once for rows that begin alike
+(`prefix_sharing.py`).
+"""
+
+from importlib import import_module
+
+# name other folders use -> the module of this folder that defines it; a name equal to its module's is the module
+# itself. Imported on first use: importing the folder loads nothing.
+_EXPORTS = {
+    "activation_checkpointing": "base",
+    "card_gib": "base",
+    "decoder_and_head": "base",
+    "load_base": "base",
+    "resolve_activation_checkpointing": "base",
+    "resolve_model_path": "base",
+    "servable_base_path": "base",
+    "ResponseScores": "batching",
+    "TokenBatch": "batching",
+    "at_least_float32": "batching",
+    "build_batch": "batching",
+    "encode_chat": "batching",
+    "prompt_lists": "batching",
+    "response_hidden": "batching",
+    "response_logits": "batching",
+    "response_scores": "batching",
+    "trim_padding": "batching",
+    "check_lora_layers": "lora_layers",
+    "lora_layer_indices": "lora_layers",
+    "CACHE": "prefix_sharing",
+    "output_cache": "prefix_sharing",
+    "prefill": "prefix_sharing",
+    "prefix_layout": "prefix_sharing",
+    "ALL_LINEAR": "shapes",
+    "GIB": "shapes",
+    "Shape": "shapes",
+    "base_bytes": "shapes",
+    "gib": "shapes",
+    "kv_bytes": "shapes",
+    "lora_params": "shapes",
+    "shape_from_config": "shapes",
+    "shape_of": "shapes",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        module = import_module(f"{__name__}.{_EXPORTS[name]}")
+        return module if _EXPORTS[name] == name else getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

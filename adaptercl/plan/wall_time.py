@@ -1,0 +1,311 @@
+"""Wall time of a recipe on a 24 GB consumer card, from measured and cited throughputs (`adaptercl recipe plan`).
+
+    wall = estimate_wall_time(recipe, shape, rows=[8, 8, 8], card_gib=24, card="rtx4090")
+    print(wall.render())   # the estimate, then every figure it used: measured, cited, derived or assumed
+
+Owns the time model; each figure it uses is a `Figure` with its kind and source, and `render` lists them. No torch.
+
+Training (measured on an H100, `STEPS`: cuda_7b_memory.json, 8 sequences x 1,024 tokens, checkpointing and
+1,024-position logit chunks, the step's median at micro-batch 1 and at micro-batch 8). A step of n sequences of
+T tokens in micro-batches of b rows costs
+
+    t(b) = ceil(n / b) x A + n x T x C                                          (H100 seconds)
+
+A per micro-batch (what does not grow with its rows: the NF4 weights dequantised in each forward, recomputed forward
+and backward, kernel launches) and C per token. The two measurements give both exactly (two equations, two
+unknowns): t_1 = 8 (A + 1024 C) and t_8 = A + 8 x 1024 C, so C = (t_8 - t_1 / 8) / (7 x 1024), A = t_1 / 8 - 1024 C.
+The split into a per-micro-batch and a per-token part is the model's assumption; with two points nothing is left to
+check it against. On the card A is scaled by the ratio of memory bandwidths and C by the ratio of dense bf16 tensor
+throughputs (`card_factors`, vendor figures in `CARDS`); if A is host-bound (launches) the card changes it less, so
+this is an upper bound. Both scale with the model's parameters / 7.6 B (Qwen2.5-7B, the measured shape). Every
+response is taken at the cap and every hybrid row as distilled (the measurement distils every row). A method
+without a measurement of its own takes another's (`STEP_PROXY`, said in the figures).
+
+Generation. vLLM: a decode step at batch B on an RTX 4090 is tau(B) = tau_0 + tau_1 B, fitted by least squares to a
+cited bf16 7B sweep (`VLLM_SWEEP`: output tokens/s at 4 to 48 concurrent requests; no credit beyond 48), divided by
+the cited LoRA and bitsandbytes-4-bit throughput ratios (`VLLM_LORA_RATIO`, `VLLM_BNB_RATIO`, assumed independent),
+scaled by parameters / 7.25 B (the cited model) and, on another card, by the bandwidth ratio (decoding is
+memory-bound). A step's rollouts decode at B = the step's sequences; evaluation and diagnostics at B = what vLLM's
+KV cache holds of them (its share of the card, `rollout/vllm_memory.py`), at most 48. hf engine (transformers generate
+on the NF4 training model): a generate call of `rollout.batch_size` rows takes max_new_tokens decode steps of
+HF_DECODE_STEP_S (cited, batch 1) plus, above batch 1, bitsandbytes dequantising every weight to bf16 each step
+(0.52 + 2 + 2 bytes per parameter read and written, over the card's bandwidth: derived).
+
+Diagnostics: teacher lift (a group sampled, the student and the teacher greedy), stage KL and response drift
+(generation, then two forwards per response: each a quarter of GRPO's measured step, which is a forward, a
+recomputed forward and a backward of about two forwards) and parameter drift (`DRIFT_REPORT_S`, measured on the
+H100, scaled by the token factor). Evaluation: every domain's examples greedy, before the first stage and after each.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from adaptercl.model import GIB, Shape, gib, kv_bytes
+from adaptercl.plan.diagnostics_memory import drift_method
+from adaptercl.plan.step_memory import teacher_prompt_tokens
+from adaptercl.recipe import ENGINES, METHODS, RecipeConfig, StageConfig
+from adaptercl.rollout import vllm_need_terms, vllm_utilization
+
+Kind = Literal["measured", "cited", "derived", "assumed"]
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One number of the estimate and where it comes from."""
+
+    what: str
+    value: str
+    kind: Kind
+    source: str
+
+
+@dataclass(frozen=True)
+class Card:
+    name: str
+    bandwidth_gbs: float  # memory bandwidth, GB/s
+    bf16_tflops: float  # dense bf16 tensor throughput (FP32 accumulate), TFLOPS
+    source: str
+
+
+H100 = Card(
+    "H100 SXM5 80 GB (the measured card, 'NVIDIA H100 80GB HBM3')", 3350.0, 989.4,
+    "NVIDIA H100 datasheet, https://www.nvidia.com/en-us/data-center/h100/ : 3.35 TB/s; BF16 Tensor Core "
+    "1,979 TFLOPS with sparsity, 989.4 dense",
+)  # fmt: skip
+CARDS = {
+    "rtx4090": Card(
+        "RTX 4090", 1008.0, 165.2,
+        "NVIDIA Ada GPU architecture whitepaper, https://images.nvidia.com/aem-dam/Solutions/geforce/ada/"
+        "nvidia-ada-gpu-architecture.pdf : 1,008 GB/s; peak BF16 tensor TFLOPS with FP32 accumulate 165.2 dense",
+    ),
+    "rtx3090": Card(
+        "RTX 3090", 936.0, 71.0,
+        "NVIDIA Ampere GA102 GPU architecture whitepaper, https://www.nvidia.com/content/PDF/"
+        "nvidia-ampere-ga-102-gpu-architecture-whitepaper-v2.pdf : 936 GB/s; peak BF16 tensor TFLOPS with FP32 "
+        "accumulate 71 dense",
+    ),
+}  # fmt: skip
+
+# H100 step medians (s) of 8 sequences x 1,024 tokens at micro-batch 1 and 8 (variants <method>:8:true:auto and
+# <method>:1:true:auto of benchmarks/perf/results/cuda_7b_memory.json; tests/plan/test_wall_time.py reads them back)
+STEPS = {
+    "grpo": (4.061168836000007, 1.3884670644999986),
+    "hybrid": (5.841130996000004, 1.9974445160000016),
+    "sdpo": (7.61932156200001, 2.6921620525000023),
+    "sdft": (6.287257638, 2.5563179379999994),
+}
+STEPS_SOURCE = "benchmarks/perf/results/cuda_7b_memory.json (NVIDIA H100 80GB HBM3, NF4 Qwen2.5-7B shape)"
+MEASURED_SEQUENCES, MEASURED_TOKENS = 8, 1024
+# srpo: not measured; sdpo's step (its teacher on every row) is an upper bound, as srpo's teacher forward runs on its
+# SDPO-routed rows only. A new method is planned with sdpo's figures until it is measured (said in the figures).
+STEP_PROXY = {"srpo": "sdpo"}
+REFERENCE_PARAMS_B = 7.6  # Qwen2.5-7B, the measured shape
+
+VLLM_SWEEP = ((4, 210.0), (8, 377.0), (16, 644.0), (32, 975.0), (48, 1190.0))  # (concurrent requests, output tok/s)
+VLLM_SWEEP_SOURCE = (
+    "Mistral-7B-Instruct-v0.3 bf16, vLLM on one RTX 4090, 256 -> 128 tokens, 300 prompts: "
+    "https://mushfiqrahman.dev/benchmarking-mistral-7b-on-rtx-4090-vllm-concurrency-latency-and-capacity-planning/"
+)
+VLLM_SWEEP_PARAMS_B = 7.25
+VLLM_LORA_RATIO = 1787.78 / 2693.62  # 0.664: Llama-2-7b, 1 x A100, one rank-8 LoRA vs none (output tokens/s)
+VLLM_LORA_SOURCE = "vLLM benchmark_throughput, Llama-2-7b on an A100: https://github.com/vllm-project/vllm/pull/11267"
+VLLM_BNB_RATIO = 45.0 / 71.0  # 0.634: Llama-3.2-1B on an A100, offline LLM: 45 s bf16 vs 71 s bitsandbytes 4-bit
+VLLM_BNB_SOURCE = "vLLM 0.6.3, https://github.com/vllm-project/vllm/issues/9535"
+HF_DECODE_STEP_S = 1 / 12.2  # transformers generate, Llama-2-7B NF4 (double quant, bf16), batch 1: 12.2 tokens/s
+HF_DECODE_SOURCE = "https://github.com/bitsandbytes-foundation/bitsandbytes/issues/696 (the issue names no GPU)"
+DEQUANT_BYTES_PER_PARAM = 4.127 / 8 + 2 + 2  # read NF4 + absmax, write bf16, the matmul reads the bf16 weight again
+DRIFT_REPORT_S = {"lowrank": (1.8, 2.1), "exact": (132.0, 132.0)}  # H100: per report, once per run (W0's spectra)
+DRIFT_SOURCE = "benchmarks/perf/drift_7b_shape.md (H100, Qwen2.5-7B's 196 adapted weights)"
+MEAN_PROMPT_TOKENS = 300  # mean prompt of the shipped domains (gsm8k ~150, chemistry MCQ ~300, tool use ~700)
+
+
+@dataclass
+class WallTime:
+    train_s: float
+    rollout_s: float
+    eval_s: float
+    diagnostics_s: float
+    card: str
+    figures: list[Figure] = field(default_factory=list)
+
+    @property
+    def total_s(self) -> float:
+        return self.train_s + self.rollout_s + self.eval_s + self.diagnostics_s
+
+    def render(self) -> str:
+        head = (
+            f"wall time on an {self.card}-class card (every response at the cap): ~{self.total_s / 3600:.1f} h = "
+            f"training {self.train_s / 3600:.1f} h + rollouts {self.rollout_s / 3600:.1f} h + evaluation "
+            f"{self.eval_s / 3600:.1f} h + diagnostics {self.diagnostics_s / 3600:.1f} h"
+        )
+        rows = [f"  {f.kind:<8} {f.what}: {f.value} ({f.source})" for f in self.figures]
+        return "\n".join([head, "time figures (adaptercl/plan/wall_time.py):", *rows])
+
+
+def card_factors(card: Card) -> tuple[float, float]:
+    """(per micro-batch, per token) slowdown of `card` against the measured H100: the bandwidth and the dense bf16
+    tensor throughput ratios."""
+    return H100.bandwidth_gbs / card.bandwidth_gbs, H100.bf16_tflops / card.bf16_tflops
+
+
+def measured_as(method: str) -> str:
+    """The method whose measured step `method` is planned with: its own, else `STEP_PROXY`'s, else sdpo's."""
+    return method if method in STEPS else STEP_PROXY.get(method, "sdpo")
+
+
+def step_constants(method: str) -> tuple[float, float]:
+    """(A s per micro-batch, C s per token) on the H100, solved from the method's two measured steps."""
+    t1, t8 = STEPS[measured_as(method)]
+    per_token = (t8 - t1 / MEASURED_SEQUENCES) / ((MEASURED_SEQUENCES - 1) * MEASURED_TOKENS)
+    return t1 / MEASURED_SEQUENCES - MEASURED_TOKENS * per_token, per_token
+
+
+def vllm_decode_step_s(batch: int) -> float:
+    """tau(B) of the cited bf16 sweep: least squares of B / (tokens/s) on B."""
+    xs, ys = [b for b, _ in VLLM_SWEEP], [b / tps for b, tps in VLLM_SWEEP]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - slope * mx + slope * batch
+
+
+class Timer:
+    """The time model of one recipe on one card (see the module docstring)."""
+
+    def __init__(self, recipe: RecipeConfig, shape: Shape, card_gib: float, card: Card):
+        self.recipe, self.shape, self.card = recipe, shape, card
+        self.params_b = (shape.linear_params() + shape.embedding_params()) / 1e9
+        self.per_mb, self.per_token = card_factors(card)
+        rollout = recipe.stages[0].rollout
+        self.engine = "hf" if ENGINES[rollout.engine].home is None else "vllm"
+        if self.engine == "vllm":  # the tokens vLLM's KV cache holds at once: its share less the rest of its needs
+            needs = [vllm_need_terms(shape, recipe, s, 0) for s in recipe.stages]
+            fixed = max(gib({k: v for k, v in need.items() if k != "kv_cache"}) for need in needs)
+            kv = (vllm_utilization(shape, recipe, card_gib) * card_gib - fixed) * GIB
+            self.kv_tokens = max(0.0, kv) / kv_bytes(shape, 1)
+
+    def train_step_s(self, stage: StageConfig, rows: int) -> float:
+        n = stage.optim.prompts_per_step * stage.rollout.group_size
+        per_mb, per_token = step_constants(stage.method)
+        scale = self.params_b / REFERENCE_PARAMS_B
+        tokens = n * (MEAN_PROMPT_TOKENS + stage.rollout.max_new_tokens)
+        one = math.ceil(n / rows) * per_mb * self.per_mb + tokens * per_token * self.per_token
+        return one * scale * stage.grpo.iterations
+
+    def forward_s(self, rows: int, tokens: int) -> float:
+        """One no-grad forward of `rows` sequences of `tokens`: a quarter of GRPO's step (see the docstring)."""
+        per_mb, per_token = step_constants("grpo")
+        one = (per_mb * self.per_mb + rows * tokens * per_token * self.per_token) / 4
+        return one * self.params_b / REFERENCE_PARAMS_B
+
+    def generate_s(self, sequences: int, prompt: int, new_tokens: int, batch: int | None = None) -> float:
+        """`sequences` responses of up to `new_tokens` to prompts of `prompt` tokens; `batch`: decoded together
+        (default: as many as the engine holds)."""
+        if sequences == 0:
+            return 0.0
+        if self.engine == "hf":
+            size = self.recipe.stages[0].rollout.batch_size
+            calls, rows = math.ceil(sequences / size), min(size, sequences)
+            dequant = self.shape.linear_params() * DEQUANT_BYTES_PER_PARAM / (self.card.bandwidth_gbs * 1e9)
+            return calls * new_tokens * (HF_DECODE_STEP_S + (dequant if rows > 1 else 0.0))
+        fits = max(1, int(self.kv_tokens // (prompt + new_tokens)))  # what vLLM's KV cache holds at once
+        together = min(sequences, fits, batch or sequences, VLLM_SWEEP[-1][0])  # no credit beyond the sweep
+        step = vllm_decode_step_s(together) * CARDS["rtx4090"].bandwidth_gbs / self.card.bandwidth_gbs
+        step *= self.params_b / VLLM_SWEEP_PARAMS_B / (VLLM_LORA_RATIO * VLLM_BNB_RATIO)
+        return math.ceil(sequences / together) * new_tokens * step
+
+    def drift_s(self) -> tuple[float, float]:
+        """(per report, once per run) of parameter drift on the card."""
+        report, once = DRIFT_REPORT_S[drift_method(self.recipe, self.shape)]
+        scale = self.per_token * self.params_b / REFERENCE_PARAMS_B
+        return report * scale, once * scale
+
+
+def estimate_wall_time(
+    recipe: RecipeConfig, shape: Shape, rows: list[int], card_gib: float = 24.0, card: str = "rtx4090"
+) -> WallTime:
+    """Training, rollout, evaluation and diagnostics seconds of the whole recipe on `card`; `rows`: each stage's
+    micro-batch (the plan's)."""
+    timer = Timer(recipe, shape, card_gib, CARDS[card])
+    cfg, eval_tokens = recipe.eval, recipe.eval_max_new_tokens
+    train = rollout = diagnostics = 0.0
+    drift_reports = 0
+    for stage, micro in zip(recipe.stages, rows):
+        steps, r = stage.optim.steps, stage.rollout
+        n = stage.optim.prompts_per_step * r.group_size
+        train += steps * timer.train_step_s(stage, micro)
+        rollout += steps * timer.generate_s(n, MEAN_PROMPT_TOKENS, r.max_new_tokens, batch=n)
+        if METHODS[stage.method].needs_teacher and cfg.teacher_lift_prompts:
+            lift, context = cfg.teacher_lift_prompts, teacher_prompt_tokens(stage, MEAN_PROMPT_TOKENS)
+            diagnostics += timer.generate_s(lift * r.group_size, MEAN_PROMPT_TOKENS, r.max_new_tokens)
+            diagnostics += timer.generate_s(lift, MEAN_PROMPT_TOKENS, eval_tokens)
+            diagnostics += timer.generate_s(lift * r.group_size, context, eval_tokens)
+        if cfg.stage_kl_prompts:
+            diagnostics += timer.generate_s(cfg.stage_kl_prompts, MEAN_PROMPT_TOKENS, r.max_new_tokens)
+            batches = math.ceil(
+                cfg.stage_kl_prompts / 4
+            )  # measure.policy_divergence.ROWS_PER_FORWARD responses a forward
+            diagnostics += 2 * batches * timer.forward_s(4, MEAN_PROMPT_TOKENS + r.max_new_tokens)
+        every = stage.monitor.drift_every
+        drift_reports += int(cfg.parameter_drift) + (steps // every if every else 0)
+    if cfg.drift_probes:  # every domain's probes after each stage, then 2 forwards a batch of 4 a domain
+        per_stage = timer.generate_s(cfg.drift_probes * len(recipe.domains), MEAN_PROMPT_TOKENS, eval_tokens)
+        batches = len(recipe.domains) * math.ceil(cfg.drift_probes / 4)
+        per_stage += 2 * batches * timer.forward_s(4, MEAN_PROMPT_TOKENS + eval_tokens)
+        diagnostics += len(recipe.stages) * per_stage
+    per_report, once = timer.drift_s()
+    diagnostics += drift_reports * per_report + (once if drift_reports else 0.0)
+    examples = cfg.examples_per_domain * len(recipe.domains)
+    evaluation = (len(recipe.stages) + 1) * timer.generate_s(examples, MEAN_PROMPT_TOKENS, eval_tokens)
+    return WallTime(train, rollout, evaluation, diagnostics, timer.card.name, figures(recipe, timer, rows))
+
+
+def figures(recipe: RecipeConfig, timer: Timer, rows: list[int]) -> list[Figure]:
+    """The figures `estimate_wall_time` used for this recipe, with their sources."""
+    card = timer.card
+    f_mb, f_tok = card_factors(card)
+    out = []
+    for method in dict.fromkeys(s.method for s in recipe.stages):
+        proxy = measured_as(method)
+        t1, t8 = STEPS[proxy]
+        a, c = step_constants(method)
+        what = f"H100 step, {method}" if proxy == method else f"H100 step, {method} (not measured: {proxy}'s)"
+        value = f"{t1:.2f} s at micro-batch 1, {t8:.2f} s at 8: A {a:.3f} s per micro-batch, C {1e3 * c:.4f} ms/token"
+        out.append(Figure(what, value, "measured" if proxy == method else "assumed", STEPS_SOURCE))
+    ratios = (
+        f"per micro-batch x {f_mb:.2f} (bandwidth {H100.bandwidth_gbs:g} / {card.bandwidth_gbs:g} GB/s), per token "
+        f"x {f_tok:.2f} (dense bf16 {H100.bf16_tflops:g} / {card.bf16_tflops:g} TFLOPS)"
+    )
+    out.append(Figure(f"{card.name} / H100", ratios, "cited", f"{card.source}; {H100.source}"))
+    steps = ", ".join(
+        f"{s.name} {timer.train_step_s(s, r):.1f} s (micro-batch {r})" for s, r in zip(recipe.stages, rows)
+    )
+    out.append(Figure("training step on the card", steps, "derived", "ceil(n / b) A + n T C, scaled"))
+    if timer.engine == "vllm":
+        n = recipe.stages[0].optim.prompts_per_step * recipe.stages[0].rollout.group_size
+        sweep = "/".join(f"{t:g}" for _, t in VLLM_SWEEP) + " tok/s at " + "/".join(str(b) for b, _ in VLLM_SWEEP)
+        tau0, tau1 = vllm_decode_step_s(0), vllm_decode_step_s(1) - vllm_decode_step_s(0)
+        step = timer.generate_s(n, MEAN_PROMPT_TOKENS, 1, batch=n)
+        fit = f"{step:.3f} s at batch {n}: tau(B) = {1e3 * tau0:.1f} + {1e3 * tau1:.2f} B ms (least squares), / both"
+        out += [
+            Figure("vLLM bf16 7B decode", f"{sweep} concurrent requests", "cited", VLLM_SWEEP_SOURCE),
+            Figure("vLLM with a LoRA / without", f"{VLLM_LORA_RATIO:.3f}", "cited", VLLM_LORA_SOURCE),
+            Figure("vLLM bitsandbytes 4-bit / bf16", f"{VLLM_BNB_RATIO:.3f}", "cited", VLLM_BNB_SOURCE),
+            Figure("vLLM NF4 + LoRA decode step", fit, "derived", "the three figures above"),
+        ]
+    else:
+        dequant = timer.shape.linear_params() * DEQUANT_BYTES_PER_PARAM / (card.bandwidth_gbs * 1e9)
+        above = f"+ {dequant:.3f} s ({DEQUANT_BYTES_PER_PARAM:.2f} bytes a parameter / {card.bandwidth_gbs:g} GB/s)"
+        out += [
+            Figure("hf decode step, NF4 7B, batch 1", f"{HF_DECODE_STEP_S:.3f} s", "cited", HF_DECODE_SOURCE),
+            Figure("hf decode step above batch 1", above, "derived", "bitsandbytes dequantises every weight a step"),
+        ]
+    drift = f"{DRIFT_REPORT_S['lowrank'][0]:g} s lowrank, {DRIFT_REPORT_S['exact'][0]:g} s exact, x {f_tok:.2f}"
+    prompt = f"{MEAN_PROMPT_TOKENS} tokens (gsm8k ~150, chemistry MCQ ~300, tool use ~700)"
+    out += [
+        Figure("parameter drift report on the H100", drift, "measured", DRIFT_SOURCE),
+        Figure("mean prompt", prompt, "assumed", "not measured with the model's tokenizer"),
+    ]
+    return out

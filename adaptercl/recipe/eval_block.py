@@ -1,0 +1,77 @@
+"""The `eval:` block of the recipe grammar: what is measured after every stage (accuracy of every domain and
+retention probe, parameter and response drift) and at its start (teacher lift). No torch import; `grammar.py`
+re-exports it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from adaptercl.recipe.method_blocks import ConfigBlock
+
+
+class LmEvalConfig(ConfigBlock):
+    """lm-evaluation-harness tasks scored after every stage (`measure/lm_eval.py`; the `lm-eval` extra)."""
+
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="lm-eval task or group names (e.g. arc_easy, boolq), run on the model after every stage and "
+        "before training; results in each stage's lm_eval.json and report.md. Empty = off. Checked against lm-eval's "
+        "task index before anything loads (a few seconds).",
+    )
+    include_path: str | None = Field(
+        None, description="A folder of custom lm-eval task YAML files (lm_eval --include_path), e.g. local data."
+    )
+    limit: int | None = Field(None, ge=1, description="Items per task (lm_eval --limit); default all.")
+    num_fewshot: int | None = Field(
+        None, ge=0, description="Few-shot examples (lm_eval --num_fewshot); default the task's."
+    )
+    batch_size: int = Field(8, ge=1, description="Log-likelihood requests per forward.")
+    seed: int = Field(0, description="lm-eval's random, NumPy, torch and few-shot seeds.")
+
+    @field_validator("tasks")
+    @classmethod
+    def _non_empty_names(cls, tasks: list[str]) -> list[str]:
+        if any(not t.strip() for t in tasks):
+            raise ValueError("task names must not be empty")
+        return tasks
+
+
+class EvalConfig(ConfigBlock):
+    examples_per_domain: int = Field(50, ge=1, description="Greedy-evaluated examples per domain per stage.")
+    max_new_tokens: int | None = Field(None, ge=1, description="Default: rollout.max_new_tokens of the recipe.")
+    drift_probes: int = Field(8, ge=0, description="Probe prompts per domain for response drift (0 = off).")
+    parameter_drift: bool = Field(True, description="Compute per-module parameter drift after every stage.")
+    drift_method: Literal["auto", "exact", "lowrank"] = Field(
+        "auto",
+        description="Parameter drift: exact = full SVDs (every singular value, spectral_shift); lowrank = top-k "
+        "singular triplets by subspace iteration (spectral_shift_top_k instead), for large models; auto = exact "
+        "when every adapted weight has at most 2^22 entries, else lowrank. On the model's device, float32.",
+    )
+    drift_top_k: int = Field(8, ge=1, description="Parameter drift: k of the top-k singular subspaces (both methods).")
+    retention_probes: list[str] = Field(
+        default_factory=list, description="Domains evaluated after every stage but never trained."
+    )
+    lm_eval: LmEvalConfig = Field(
+        default_factory=LmEvalConfig,
+        description="lm-evaluation-harness retention probes (log-likelihood accuracy comparable with published "
+        "numbers), beside the generated-letter probes of retention_probes.",
+    )
+    teacher_lift_prompts: int = Field(
+        8,
+        ge=0,
+        description="Teacher lift at the start of each stage with a self-teacher (sdpo, sdft, hybrid): seeded train "
+        "prompts of the stage's domain on which the teacher's greedy accuracy with its context is compared to the "
+        "student's (teacher_lift.json, report.md; diagnostics.py). 0 = off. Costs about prompts x group_size "
+        "sampled and as many greedy responses once per stage: the rollouts of 2 x prompts / prompts_per_step "
+        "training steps. Default 8 (was 16), sized so that the diagnostics stay under a quarter of the "
+        "quickstart's time (benchmarks/quickstart/diagnostics.md); raise it for a narrower interval.",
+    )
+    stage_kl_prompts: int = Field(
+        8,
+        ge=0,
+        description="Forward KL from the previous stage's policy after each stage (drift.json stage_kl; "
+        "diagnostics.py): seeded train prompts of the stage's domain, one response each sampled from the previous "
+        "policy, then scored by both policies. 0 = off. Default 8 (was 16), sized as teacher_lift_prompts.",
+    )

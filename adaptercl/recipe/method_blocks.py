@@ -1,0 +1,275 @@
+"""The method blocks of the recipe grammar: `grpo`, `distill` (with its `teacher`), `hybrid`, `srpo`, `regularizers`
+and `monitor`, each field typed and documented, plus the reference prompt strings. Method-dependent defaults live in
+the method table (`method_table.METHODS`); `grammar.py` assembles the blocks into stages and recipes. No torch
+import."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Action = Literal["off", "warn", "stop", "rollback"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_mean_all", "seq_mean_token_sum_norm"]
+Support = Literal["full", "topk", "sampled"]
+TeacherKind = Literal["base", "stage_start", "ema", "lag", "trust_region", "restart_freeze", "gated"]
+TeacherAutocast = Literal["none", "bfloat16", "auto"]
+
+
+class ConfigBlock(BaseModel):
+    """A recipe block: unknown keys are errors, and so are non-finite numbers (`.inf`, `.nan`) in any float field.
+
+    Switch fields (`switch_words`: a field whose values include the word `off` or `on` but not a bool, such as
+    `optim.logits_chunk_size: auto | off | N` or a `monitor` action) take YAML's booleans as those words: YAML 1.1
+    reads an unquoted off/on (and no/yes, false/true) as a boolean, so `off`, the form the docs and error messages
+    write, arrives as False, in a recipe file and in a `key=value` override alike. False becomes "off", True "on"
+    (an error naming the field where "on" is not one of its values). Fields typed `auto | bool`
+    (`optim.activation_checkpointing`) take the booleans as they are.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_booleans_as_switch_words(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            key: ("on" if value else "off")
+            if isinstance(value, bool) and key in fields and switch_words(fields[key].annotation)
+            else value
+            for key, value in data.items()
+        }
+
+
+def switch_words(annotation: Any) -> set[str]:
+    """The words off/on among a field type's literal values, when the type admits no bool (else the empty set)."""
+    literals, stack = set(), [annotation]
+    while stack:
+        kind = stack.pop()
+        if kind is bool:
+            return set()
+        if get_origin(kind) is Literal:
+            literals.update(get_args(kind))
+        else:
+            stack.extend(get_args(kind))  # unions, Optional, Annotated
+    return literals & {"off", "on"}
+
+
+# Reference strings (docs/design.md §4): lasgroup/SDPO reprompting and the SDFT repo's demonstration prompt.
+SDPO_REPROMPT = "{prompt}{solution}{feedback}\n\nCorrectly solve the original question."
+SDPO_SOLUTION = "\nCorrect solution:\n\n{successful_previous_attempt}"
+SDPO_FEEDBACK = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback_raw}"
+SDFT_DEMONSTRATION = (
+    "\n{question}\n\nThis is an example for a response to the question:\n{demonstration}\n\n"
+    "Now answer with a response of your own, including the thinking process.\n"
+)
+
+
+class GrpoConfig(ConfigBlock):
+    epsilon_low: float = Field(0.2, ge=0.0, lt=1.0, description="Lower clip: rho >= 1 - epsilon_low.")
+    epsilon_high: float = Field(0.28, ge=0.0, description="Upper clip (DAPO clip-higher): rho <= 1 + epsilon_high.")
+    dual_clip: float | None = Field(None, gt=1.0, description="Dual-clip constant c for negative advantages.")
+    scale_rewards: bool = Field(False, description="Divide advantages by the group std (off = Dr.GRPO).")
+    kl_coef: float = Field(0.0, ge=0.0, description="Weight of the k3 KL to the base model (adapter disabled).")
+    aggregation: Aggregation = Field("token_mean", description="How token losses become one number.")
+    iterations: int = Field(1, ge=1, description="Optimisation passes over each batch of rollouts.")
+    is_cap: float = Field(
+        2.0,
+        gt=0.0,
+        description="Cap of the policy term's token-level truncated importance weight exp(logp_old - logp_rollout) "
+        "when the rollout engine returns its own logprobs (vllm): TRL's `token_truncate` mode. 2.0 is the value the "
+        "policy term shared with distill.is_cap before it had its own setting; TRL's C_max default is 3.0 (with "
+        "sequence-level masking as its default mode).",
+    )
+
+
+class TeacherConfig(ConfigBlock):
+    kind: TeacherKind | None = Field(None, description="Self-teacher; default depends on the method.")
+    tau: float | None = Field(None, gt=0.0, le=1.0, description="EMA rate; default 0.05 (SDPO) or 0.01 (SDFT).")
+    ema_rank: int | None = Field(None, ge=1, description="Rank of the EMA teacher adapter; default 2 x lora.r.")
+    lag_steps: int = Field(10, ge=1, description="`lag` teacher: hard copy of the student every N steps.")
+    refresh_every: int = Field(
+        10,
+        ge=1,
+        description="`restart_freeze` (StableSDPO, SDPO-CL arXiv 2607.01763): copy the student into the teacher "
+        "every N optimiser steps, frozen in between; `gated` (CGTR, arXiv 2606.03532): check the gate every N steps. "
+        "10 = `lag_steps`' default. SDPO-CL reports its StableSDPO as 'γ = 40 %' beside EMA 5 %, and "
+        "1 − 0.95^10 ≈ 0.40 reads as a restart every 10 steps matched to EMA-5 %; neither paper's text could be "
+        "checked offline, so this default is the toolkit's, not a confirmed reference value.",
+    )
+    gate_window: int | None = Field(
+        None,
+        ge=1,
+        description="`gated`: how many recent optimiser steps' training rollouts (the stage's own prompts, not "
+        "replay) make the evidence: their pooled reward mean and response-length p95. Default refresh_every: each "
+        "check reads the steps since the previous one. The first full window is the baseline (the stage-start "
+        "teacher's reward and p95); checks start after it. The toolkit's choice (CGTR's window not checked).",
+    )
+    gate_reward_delta: float = Field(
+        0.05,
+        ge=0.0,
+        description="`gated`: refresh only if the window's reward mean exceeds the one at the last refresh by at "
+        "least this. 0.05 is the toolkit's (CGTR's value not checked): with the shipped recipes' 32 rollouts a step "
+        "and a 10-step window, two windows' means of a flat 0/1 reward at p = 0.5 differ with a standard error of "
+        "0.04, so noise alone opens the gate at about 1 check in 10.",
+    )
+    gate_length_eps: float = Field(
+        0.1,
+        ge=0.0,
+        description="`gated`: refresh only if the window's response-length p95 is at most (1 + eps) x its value at "
+        "the last refresh (CGTR's length-tail safety: a growing tail precedes collapse). 0.1 is the toolkit's; "
+        "CGTR's value not checked.",
+    )
+    trust_region_coef: float = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="`trust_region`: teacher logits z = (1-c) z_ref + c z_student; default 0.05 (95 % reference), "
+        "lasgroup/SDPO's actor.yaml teacher_update_rate.",
+    )
+    autocast: TeacherAutocast = Field(
+        "none",
+        description="Run the teacher's no-grad forward under torch.autocast to bfloat16: `bfloat16` always, "
+        "`auto` only for a float32 model on a CPU with bf16 matrix instructions (AMX-BF16, AVX512-BF16), where the "
+        "teacher forward gets 1.5-2x cheaper at a per-token KL of ~1e-3 to the float32 logits. On a bf16 base "
+        "(CUDA; NF4 with bf16 compute) it changes nothing. The student's forward, the divergence and the gradients "
+        "stay in the model's precision.",
+    )
+
+
+def first_gated_check(window: int, every: int) -> int:
+    """The first step at which a `gated` teacher can refresh: the first multiple of `every` after the baseline's
+    step `window`."""
+    return (window // every + 1) * every
+
+
+class DistillConfig(ConfigBlock):
+    alpha: float | None = Field(
+        None, ge=0.0, le=1.0, description="0 forward KL(q||p), 1 reverse KL(p||q), else generalized JSD."
+    )
+    support: Support | None = Field(
+        None,
+        description="Vocabulary support of the divergence; default depends on the method: `full` for SDFT (the SDFT "
+        "trainer's whole vocabulary), `topk` for SDPO (top-100 + tail, lasgroup/SDPO) and the hybrid.",
+    )
+    topk: int | None = Field(None, ge=1, description="`topk` support: the student's top-k tokens; default 100.")
+    tail: bool = Field(True, description="`topk`: add the tail bucket (off = renormalise over the k tokens).")
+    mask_ratio: float = Field(0.0, ge=0.0, lt=1.0, description="Drop each response token from the loss w.p. this.")
+    is_cap: float = Field(2.0, gt=0.0, description="Cap of the per-token importance weights.")
+    skip_first_tokens: int | None = Field(None, ge=0, description="Response tokens skipped; default 3 for SDFT.")
+    success_threshold: float = Field(
+        0.5,
+        description="Native rewards: a sample with reward >= this is a success (a sibling SDPO shows as the 'Correct "
+        "solution'; a group with one is not failed for the hybrid). 0.5 as lasgroup/SDPO's actor.yaml: the "
+        "builtin rewards' partial credit stays below it (TRL's SDPO uses 1.0). Unused for TRL-style rewards "
+        "(reward_funcs): their success is the domain's correct decision (correct_from, correct_threshold), the "
+        "accuracy matrix's.",
+    )
+    use_feedback: bool = Field(
+        True,
+        description="SDPO: use reward feedback when no sibling succeeded; which feedback is each domain's `feedback` "
+        "(default: format problems only, as the reference rewards).",
+    )
+    strip_think: bool = Field(True, description="Strip <think>...</think> from demonstrations.")
+    aggregation: Aggregation | None = Field(
+        None,
+        description="How distillation token losses become one number; default depends on the method: sdpo/sdft "
+        "`seq_mean_token_mean_all` (per-sequence token mean averaged over every sequence of the batch, a sequence "
+        "without a teacher target counting 0, as the SDPO/SDFT references), hybrid `token_mean` (over the distilled "
+        "tokens). `seq_mean_token_mean` leaves sequences without a target out of the mean instead (verl).",
+    )
+    teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    reprompt_template: str = SDPO_REPROMPT
+    solution_template: str = SDPO_SOLUTION
+    feedback_template: str = SDPO_FEEDBACK
+    demonstration_template: str = SDFT_DEMONSTRATION
+
+
+class HybridConfig(ConfigBlock):
+    distill_weight: float = Field(
+        0.1, ge=0.0, description="lambda: weight of the sparse distillation loss added to GRPO's (0 = plain GRPO)."
+    )
+    distill_on: Literal["failed_groups", "high_entropy", "all"] = Field(
+        "failed_groups",
+        description="Which tokens are distilled: samples of groups with no success (teacher shown the example's "
+        "demonstration and/or the reward feedback), the top-q highest-entropy tokens of the batch, or all.",
+    )
+    entropy_top_q: float = Field(
+        0.2, gt=0.0, le=1.0, description="`high_entropy`: fraction of the batch's response tokens distilled."
+    )
+
+
+class SrpoConfig(ConfigBlock):
+    """SRPO (Sample-Routed Policy Optimization, arXiv 2604.02288; `train/srpo.py`): what it adds to the `grpo` and
+    `distill` blocks. Its other paper defaults (Table 3) are the method's defaults there: EMA teacher rate 0.05,
+    top-100 + tail JSD with alpha 0.5, importance-weight cap 2 (distill), clip-high 0.28 (grpo), lr 5e-6 (optim)."""
+
+    entropy_beta: float = Field(
+        1.0,
+        ge=0.0,
+        description="DW-SDPO: each SDPO-routed token's distillation loss is weighted by exp(-beta x H), H the "
+        "teacher's entropy (nats, full vocabulary) at that token, normalised to mean 1 over the batch's SDPO tokens. "
+        "1.0 is the paper's; 0 gives every token weight 1.",
+    )
+
+
+class RegularizerConfig(ConfigBlock):
+    kl_prev: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of the token-mean KL(current || previous stage's policy) on the current rollouts; the "
+        "previous policy is the model after the previous stage (stage 1: the base). Costs one forward per step.",
+    )
+    l2_prev: float = Field(
+        0.0,
+        ge=0.0,
+        description="Weight of sum over modules of ||dW - dW_0||_F^2, dW_0 = the student's dW at stage start (the "
+        "previous stage's dW under init continue, 0 under new, the merge under merge).",
+    )
+    orthogonal: float = Field(
+        0.0, ge=0.0, description="O-LoRA weight: sum of ||A A_old^T||_F^2 against earlier adapters active under it."
+    )
+    replay_fraction: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="Share of each step's prompts drawn from earlier stages' domains (scored by their own reward); "
+        "rounded, at least 1 prompt when > 0 and an earlier domain exists.",
+    )
+
+
+class MonitorConfig(ConfigBlock):
+    """Collapse guard and checkpoints (see adaptercl/train/collapse_guard.py for the rules)."""
+
+    checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (rollback targets and resume).")
+    drift_every: int = Field(
+        0, ge=0, description="Log aggregate parameter drift (vs the base) every N steps in metrics.jsonl; 0 = off."
+    )
+    window: int = Field(5, ge=2, description="Steps over which trends (reward fall, divergence fall) are measured.")
+    nonfinite: Action = Field("rollback", description="NaN/inf loss or grad norm.")
+    divergence_collapse: Action = Field(
+        "rollback", description="Teacher-student divergence below divergence_floor while the reward falls."
+    )
+    divergence_floor: float = Field(1e-3, ge=0.0, description="Divergence under which the teacher adds nothing.")
+    reward_fall: float = Field(0.1, ge=0.0, description="A reward fall (window mean vs previous window) this big.")
+    target_starvation: Action = Field(
+        "warn", description="No sample had a teacher target and no update was made, for `window` steps."
+    )
+    repetition: Action = Field("rollback", description="Repeated-4-gram rate of responses above repetition_max.")
+    repetition_max: float = Field(0.5, gt=0.0, le=1.0, description="Repetition rate that counts as a spike.")
+    reward_collapse: Action = Field(
+        "warn",
+        description="The training reward's mean over the last `window` steps fell below reward_collapse_ratio x its "
+        "best earlier window mean in the stage (the SDPO failure seen in benchmarks/science: entropy rises, the "
+        "format is lost, the reward goes to 0 while the divergence stays large).",
+    )
+    reward_collapse_ratio: float = Field(0.5, gt=0.0, lt=1.0, description="Share of the best window mean kept.")
+    reward_collapse_min: float = Field(
+        0.1, ge=0.0, description="Best window mean needed before a fall counts (a reward near 0 cannot collapse)."
+    )
+    entropy_collapse: Action = Field("warn", description="Mean policy entropy below entropy_min.")
+    entropy_min: float = Field(0.02, ge=0.0, description="Entropy (nats/token) that counts as collapsed.")
+    max_rollbacks: int = Field(2, ge=0, description="Rollbacks allowed per stage; then a rollback alarm stops it.")
+    lr_scale_on_rollback: float = Field(0.5, gt=0.0, le=1.0, description="LR multiplier applied at each rollback.")

@@ -1,0 +1,146 @@
+"""The training methods, one row each in `METHODS`: which loss terms a method's step adds, whether it needs a
+self-teacher and how that teacher's prompts are built, and the method's defaults and constraints.
+
+Everything that differs between grpo, sdpo, sdft, hybrid and srpo is declared here, so adding a method is one row (and
+its teacher-prompt builder): the recipe grammar reads the defaults and constraints (`grammar.StageConfig`), the run
+creates a teacher when `needs_teacher`, `distill_targets` calls `teacher_prompts`, and the training step adds the
+policy term when `policy_term` and the distillation term with weight `distill_weight(stage.hybrid)`, each on the rows
+of its route when `sample_routed`. Nothing else compares a method's name. No torch import (the grammar uses this
+table).
+
+| method | policy term (clipped GRPO) | distillation term     | default teacher | α   | τ    | skipped | support   |
+|--------|----------------------------|-----------------------|-----------------|-----|------|---------|-----------|
+| grpo   | yes                        | no                    | (none)          | -   | -    | -       | -         |
+| sdpo   | no (as the released code)  | weight 1              | ema             | 0.5 | 0.05 | 0       | top-100   |
+| sdft   | no                         | weight 1              | ema             | 0   | 0.01 | 3       | full      |
+| hybrid | yes                        | hybrid.distill_weight | stage_start     | 1   | 0.05 | 0       | top-100   |
+| srpo   | on GRPO-routed samples     | on SDPO-routed ones   | ema             | 0.5 | 0.05 | 0       | top-100   |
+
+(skipped: first response tokens without a distillation loss; top-100 has a tail bucket.) sdpo's α 0.5 / τ 0.05 /
+top-100 + tail and sdft's α 0 (forward KL) / τ 0.01 / 3 skipped tokens / full vocabulary are the reference codes'
+settings (lasgroup/SDPO, the SDFT trainer); the hybrid's sparse, frozen-teacher reverse KL is this toolkit's own
+method (`train/sparse_targets.py`). The default distillation aggregation of sdpo and sdft is the references'
+`seq_mean_token_mean_all` (a sample without a teacher target counts 0, so sparse targets give a smaller step); the
+hybrid's is `token_mean` over its distilled tokens, so λ weights the mean divergence whatever fraction of the batch
+is distilled.
+
+srpo (`train/srpo.py`, docs/design.md §4a) routes each sample to exactly one of the two terms: a wrong sample with a
+correct sibling to the distillation term (teacher shown that sibling), every other sample to the policy term, both
+divided by one shared token count (so both aggregations are `token_mean`), the distilled tokens weighted by the
+teacher's entropy (`srpo.entropy_beta`). Its defaults are the SRPO paper's (Table 3): EMA teacher τ 0.05, top-100 +
+tail JSD α 0.5, importance-weight cap 2, clip-high 0.28 and lr 5e-6, the one method whose default `optim.lr` is not
+1e-5 (`lr`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from adaptercl.recipe.method_blocks import Aggregation, HybridConfig, Support, TeacherKind
+
+Method = Literal["grpo", "sdpo", "sdft", "hybrid", "srpo"]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What one training method is made of."""
+
+    policy_term: bool  # the step adds the clipped policy-gradient (GRPO) term
+    needs_teacher: bool  # distils from a self-teacher (its prompts: `teacher.prompts.TEACHER_PROMPTS[method]`)
+    distill_weight: Callable[[HybridConfig], float]  # weight of the distillation term (from the stage's hybrid block)
+    teacher_kind: TeacherKind  # default distill.teacher.kind
+    tau: float  # default distill.teacher.tau (EMA rate)
+    alpha: float  # default distill.alpha (0 forward KL, 1 reverse KL, else JSD)
+    skip_first_tokens: int  # default distill.skip_first_tokens
+    support: Support  # default distill.support
+    topk: int  # default distill.topk (for `topk` support)
+    distill_aggregation: Aggregation = "token_mean"  # default distill.aggregation
+    teacher_kinds: tuple[TeacherKind, ...] | None = None  # the teacher kinds allowed (None: any)
+    one_sample_per_prompt: bool = False  # rollout.group_size must be 1
+    sparse_token_selection: bool = False  # hybrid.distill_on chooses the distilled tokens (`train/sparse_targets.py`)
+    # Each sample gets one term: the policy term on the samples without a teacher target, the entropy-weighted
+    # distillation term on those with one, over one shared token denominator (`train/srpo.py`)
+    sample_routed: bool = False
+    lr: float | None = None  # default optim.lr when the stage does not set it (None: optim.lr's own default)
+
+
+def _no_distillation(hybrid: HybridConfig) -> float:
+    return 0.0
+
+
+def _full_distillation(hybrid: HybridConfig) -> float:
+    return 1.0
+
+
+def _hybrid_distillation(hybrid: HybridConfig) -> float:
+    return hybrid.distill_weight
+
+
+METHODS: dict[str, MethodSpec] = {
+    "grpo": MethodSpec(
+        policy_term=True,
+        needs_teacher=False,
+        distill_weight=_no_distillation,
+        teacher_kind="base",
+        tau=0.05,
+        alpha=0.5,
+        skip_first_tokens=0,
+        support="topk",
+        topk=100,
+    ),
+    "sdpo": MethodSpec(
+        policy_term=False,  # the released SDPO code replaces the GRPO loss (advantages unused)
+        needs_teacher=True,
+        distill_weight=_full_distillation,
+        teacher_kind="ema",
+        tau=0.05,
+        alpha=0.5,
+        skip_first_tokens=0,
+        support="topk",  # lasgroup/SDPO: the student's top-100 tokens plus a tail bucket
+        topk=100,
+        distill_aggregation="seq_mean_token_mean_all",
+    ),
+    "sdft": MethodSpec(
+        policy_term=False,
+        needs_teacher=True,
+        distill_weight=_full_distillation,
+        teacher_kind="ema",
+        tau=0.01,
+        alpha=0.0,
+        skip_first_tokens=3,
+        support="full",  # the SDFT trainer distils over the whole vocabulary
+        topk=100,
+        distill_aggregation="seq_mean_token_mean_all",
+        one_sample_per_prompt=True,
+    ),
+    "hybrid": MethodSpec(
+        policy_term=True,
+        needs_teacher=True,
+        distill_weight=_hybrid_distillation,
+        teacher_kind="stage_start",
+        tau=0.05,
+        alpha=1.0,
+        skip_first_tokens=0,
+        support="topk",
+        topk=100,
+        teacher_kinds=("base", "stage_start", "trust_region"),  # a frozen or trust-region teacher
+        sparse_token_selection=True,
+    ),
+    "srpo": MethodSpec(
+        policy_term=True,  # on the GRPO-routed samples only
+        needs_teacher=True,
+        distill_weight=_full_distillation,  # on the SDPO-routed samples only; no mixing coefficient
+        teacher_kind="ema",  # the paper's teacher: an EMA of the student at rate 0.05
+        tau=0.05,
+        alpha=0.5,
+        skip_first_tokens=0,
+        support="topk",  # the reference SDPO term: the student's top-100 tokens plus a tail bucket
+        topk=100,
+        distill_aggregation="token_mean",  # the shared token denominator (grammar.py refuses any other)
+        sample_routed=True,
+        lr=5e-6,  # SRPO paper Table 3 (GRPO 1e-6, SDPO 1e-5 there)
+    ),
+}
+assert set(METHODS) == set(Method.__args__), "METHODS and the Method literal list the same methods"

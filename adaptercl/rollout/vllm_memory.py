@@ -1,0 +1,68 @@
+"""What a colocated vLLM engine takes of the card, for the memory plan (`plan/memory.py`) and the engine itself.
+
+    vllm_utilization(shape, recipe, card_gib=24)   # rollout.gpu_memory_utilization, `auto` made a number
+    step_companions(shape, recipe, card_gib=24)    # what stays on the card beside the training step
+
+Awake, vLLM claims gpu_memory_utilization x the card, which should hold its NF4 weights, max_loras x max_lora_rank
+LoRA slots (bf16), VLLM_RUNTIME_GIB of activations, sampler and CUDA graphs, and the KV cache of a whole step's
+rollouts (`vllm_need_terms`). With sleep mode it sleeps (level 1) around each optimiser step and keeps only
+VLLM_ASLEEP_GIB; without, its whole claim stays. `auto` makes the share the plan's need at PROMPT_TOKENS-token prompts.
+First principles, not measured. No torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+from adaptercl.adapters import max_served_rank
+from adaptercl.model import GIB, Shape, base_bytes, gib, kv_bytes, lora_params
+from adaptercl.recipe import ENGINES, RecipeConfig, StageConfig
+from adaptercl.rollout.vllm_settings import vllm_lora_rank
+
+VLLM_RUNTIME_GIB = 1.5  # vLLM's profiled activations, sampler and CUDA graphs at its defaults (assumption)
+# A colocated vLLM asleep (sleep level 1, around each optimiser step): "Level 1 sleep will offload the model weights
+# and discard the KV cache" (https://docs.vllm.ai/en/latest/features/sleep_mode/; the weights go to CPU RAM). Only
+# what vLLM allocated in its sleep-mode memory pool is released: the weights (the LoRA slots with them: they are
+# made inside load_model) and the KV cache, the pool's "weights" and "kv_cache" tags (vllm/v1/worker/gpu_worker.py;
+# in 0.27.1 its sleep calls device_allocator/sleep_mode_backend.py CuMemBackend.suspend, which has
+# cumem.CuMemAllocator.sleep back up the "weights" allocations to CPU, release every allocation of the pool, then empty
+# torch's cache). Its CUDA graphs and the blocks its profiling and sampler left in torch's cache stay: assumed all of
+# its runtime (not measured; the cached blocks are the trainer's allocator's to reuse, so this is an upper bound).
+VLLM_ASLEEP_GIB = VLLM_RUNTIME_GIB
+PROMPT_TOKENS = 1024  # the plan's prompt assumption (recipe plan --prompt-tokens), also vLLM's auto share's
+
+
+def vllm_need_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, prompt: int) -> dict[str, float]:
+    """What the vLLM engine should hold inside its claim: its own NF4 weights, the LoRA slots, its runtime, and the
+    KV cache of a whole step's rollouts at once (prompts_per_step x group_size sequences at the cap)."""
+    r = stage.rollout
+    rank = vllm_lora_rank(r.max_lora_rank or max_served_rank(recipe), "rollout.max_lora_rank")
+    slots = (r.max_loras or 2) * lora_params(shape, stage, rank)
+    sequences = stage.optim.prompts_per_step * r.group_size
+    return {
+        "weights": base_bytes(shape, recipe.quantization),
+        "lora_slots": slots * 2,
+        "runtime": VLLM_RUNTIME_GIB * GIB,
+        "kv_cache": kv_bytes(shape, sequences * (prompt + r.max_new_tokens)),
+    }
+
+
+def vllm_utilization(shape: Shape, recipe: RecipeConfig, card_gib: float) -> float:
+    """`rollout.gpu_memory_utilization`, `auto` made a number: the share of the card that vLLM's needs at the
+    largest stage take (`vllm_need_terms`, prompts of PROMPT_TOKENS), rounded up to 0.01."""
+    setting = recipe.stages[0].rollout.gpu_memory_utilization  # one engine: the same in every stage
+    if setting != "auto":
+        return setting
+    need = max(gib(vllm_need_terms(shape, recipe, s, PROMPT_TOKENS)) for s in recipe.stages)
+    return min(math.ceil(100 * need / card_gib) / 100, 0.99)
+
+
+def step_companions(shape: Shape, recipe: RecipeConfig, card_gib: float) -> dict[str, float]:
+    """What shares the card with the training step: a colocated vLLM engine asleep (sleep mode: VLLM_ASLEEP_GIB)
+    or awake (its whole claim); nothing with the hf engine or a vLLM server."""
+    rollout = recipe.stages[0].rollout
+    if not ENGINES[rollout.engine].needs_local_vllm:
+        return {}
+    if rollout.enable_sleep_mode:
+        return {"vllm_asleep": VLLM_ASLEEP_GIB * GIB}
+    return {"vllm_awake": vllm_utilization(shape, recipe, card_gib) * card_gib * GIB}

@@ -1,0 +1,30 @@
+"""The run directory: its layout, how it is claimed and what "finished" means (`layout.py`: `RunDir`, `StageDir`),
+which recipe may grow a run it did not start (`growth.py`), and the rollout samples each step keeps
+(`samples.py`: samples.jsonl and its markdown table).
+"""
+
+from importlib import import_module
+
+# name other folders use -> the module of this folder that defines it; a name equal to its module's is the module
+# itself. Imported on first use: importing the folder loads nothing.
+_EXPORTS = {
+    "BEFORE_DIR": "layout",
+    "PLOTS_DIR": "layout",
+    "RECIPE_FILE": "layout",
+    "REPORT_FILE": "layout",
+    "RunDir": "layout",
+    "SUMMARY_FILE": "layout",
+    "StageDir": "layout",
+    "open_finished_run": "layout",
+    "SAMPLE_COLUMNS": "samples",
+    "markdown_table": "samples",
+    "sample_rows": "samples",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        module = import_module(f"{__name__}.{_EXPORTS[name]}")
+        return module if _EXPORTS[name] == name else getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

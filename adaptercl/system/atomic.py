@@ -1,0 +1,107 @@
+"""Atomic writes: every file and folder a run produces is written to a temporary name and renamed.
+
+A killed run therefore leaves either the old complete output or none, never a half-written one. Replacing a folder
+takes two renames (POSIX has no portable atomic swap of two folders): the old one is parked as `.NAME.old-PID`, then
+the new one takes its name. A kill between the two leaves no `NAME`, only the parked copy, complete;
+`recover_dir` puts it back (a reader calls it before deciding that `NAME` is absent) and deletes what an interrupted
+write left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write `text` to `path` through a temp file in the same folder and an atomic rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def append_line(path: str | Path, line: str) -> None:
+    """Append one line (a JSONL record); a torn last line is the only possible partial write."""
+    with open(path, "a") as f:
+        f.write(line.rstrip("\n") + "\n")
+        f.flush()
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """The records of a JSONL file; a torn last line (a run killed mid-write) is skipped. Missing file: []."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def parked_dirs(target: str | Path) -> list[Path]:
+    """The copies of `target` that `atomic_dir` parked (`.NAME.old-PID`), newest first."""
+    target = Path(target)
+    parked = [p for p in target.parent.glob(f".{target.name}.old-*") if p.is_dir()]
+    return sorted(parked, key=lambda p: p.stat().st_mtime_ns, reverse=True)
+
+
+def recover_dir(target: str | Path) -> None:
+    """Undo a kill during `atomic_dir`: when `target` is missing but a parked copy of it exists (a kill between the
+    two renames), the newest parked copy (complete: it was `target` until the kill) takes the name back. What else
+    a kill left beside it is deleted: parked copies beside a present `target` (a kill while the old one was being
+    deleted) and temp folders (a kill while the new one was being written, or between the renames: it may be
+    incomplete). For a folder that no other process is writing meanwhile (a run's checkpoint)."""
+    target = Path(target)
+    parked = parked_dirs(target)
+    if parked and not target.exists():
+        os.replace(parked[0], target)
+        parked = parked[1:]
+    for stale in [*parked, *target.parent.glob(f".{target.name}.tmp-*")]:
+        shutil.rmtree(stale, ignore_errors=True)
+
+
+class atomic_dir:
+    """Context manager: yields a temp folder beside `target`; on success it replaces `target` whole.
+
+    With `keep_existing=True` an already present `target` wins (a cache filled by another process)."""
+
+    def __init__(self, target: str | Path, keep_existing: bool = False):
+        self.target = Path(target)
+        self.keep_existing = keep_existing
+
+    def __enter__(self) -> Path:
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.target.name}.tmp-", dir=self.target.parent))
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None or (self.keep_existing and self.target.exists()):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            return
+        if self.target.exists():
+            old = self.target.with_name(f".{self.target.name}.old-{os.getpid()}")
+            os.replace(self.target, old)
+            os.replace(self.tmp, self.target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(self.tmp, self.target)

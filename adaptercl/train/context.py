@@ -1,0 +1,79 @@
+"""What a stage is handed (`StageContext`), and the seeds that make its data order a pure function of the step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from adaptercl.domains import Domain
+from adaptercl.measure import BaseWeights
+from adaptercl.recipe import RecipeConfig, StageConfig
+from adaptercl.rollout import RolloutEngine, SamplingParams
+from adaptercl.teacher import Teacher
+
+
+@dataclass
+class StageContext:
+    """What the run hands a stage."""
+
+    recipe: RecipeConfig
+    index: int  # 0-based position in recipe.stages
+    model: torch.nn.Module  # the PeftModel holding every adapter
+    tokenizer: PreTrainedTokenizerBase
+    engine: RolloutEngine
+    domain: Domain
+    student: str  # name of the adapter trained in this stage
+    frozen: list[str] = field(default_factory=list)  # earlier adapters active (frozen) under the student
+    stage_dir: Path = Path(".")
+    on_step: Any = None  # callback(step, metrics, samples) for progress display and tracking
+    teacher: Teacher | None = None  # the self-teacher of sdpo/sdft/hybrid stages (teacher.kinds.create_teacher)
+    base_weights: BaseWeights = field(default_factory=BaseWeights)  # dequantised W0 cache for drift
+    previous: list[str] = field(default_factory=list)  # adapters making up the model after the previous stage
+    replay_domains: list[Domain] = field(default_factory=list)  # earlier stages' domains (regularizers.replay_*)
+    micro_batch: int | None = None  # sequences per micro-batch chosen for the run (micro_batch.py); None: the split
+
+    def micro_rows(self, n: int) -> int:
+        """Sequences per micro-batch of a batch of `n` (this rank's rows of a step)."""
+        return min(n, self.micro_batch) if self.micro_batch else self.stage.optim.split_rows(n)
+
+    @property
+    def stage(self) -> StageConfig:
+        return self.recipe.stages[self.index]
+
+    @property
+    def policy_adapters(self) -> list[str]:
+        return [*self.frozen, self.student]
+
+
+def step_seed(recipe_seed: int, stage_index: int, step: int) -> int:
+    return (recipe_seed * 1_000_003 + stage_index * 10_007 + step) % (2**31 - 1)
+
+
+def prompts_for_step(n_train: int, per_step: int, recipe_seed: int, stage_index: int, step: int) -> list[int]:
+    """Indices of the training examples used at `step`: consecutive slices of seeded per-epoch permutations."""
+    out = []
+    for pos in range(step * per_step, (step + 1) * per_step):
+        epoch, offset = divmod(pos, n_train)
+        g = torch.Generator().manual_seed(step_seed(recipe_seed, stage_index, 1_000_000 + epoch))
+        out.append(int(torch.randperm(n_train, generator=g)[offset]))
+    return out
+
+
+def rollout_sampling(stage: StageConfig, seed: int, first_row: int = 0) -> SamplingParams:
+    """How a stage samples its groups: `rollout.group_size` responses per prompt at the rollout temperature and
+    top-p, seeded. The engine's own logprobs are asked for when it is not the hf engine (which samples from the
+    trained weights themselves: on-policy). `first_row`: a data-parallel rank's offset among the step's rows."""
+    rollout = stage.rollout
+    return SamplingParams(
+        max_new_tokens=rollout.max_new_tokens,
+        temperature=rollout.temperature,
+        top_p=rollout.top_p,
+        n=rollout.group_size,
+        seed=seed,
+        logprobs=rollout.engine != "hf",
+        first_row=first_row,
+    )

@@ -1,0 +1,74 @@
+"""Does the code still give the committed quickstart result? CI runs this after the tests (`.ci/run`).
+
+    python benchmarks/quickstart/check.py            # runs recipes/quickstart.yaml into a temporary folder
+    python benchmarks/quickstart/check.py --run DIR  # or compares a finished run
+
+The run's summary.json (accuracy matrix, CL metrics, stages and their adapters) must equal
+benchmarks/quickstart/summary.json, the file results.md reports. A change that moves the quickstart's learning fails
+here until the committed file is regenerated (`--update` writes it from the run) and results.md says why it moved.
+Prints the wall time of the run it made (a figure, never a pass/fail criterion: machines differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+COMMITTED = HERE / "summary.json"
+
+
+def run_quickstart(out: Path) -> float:
+    """`adaptercl recipe run recipes/quickstart.yaml output_dir=OUT` as a user runs it; its wall time in seconds."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "adaptercl.cli", "recipe", "run", str(REPO / "recipes" / "quickstart.yaml")]
+    start = time.perf_counter()
+    subprocess.run([*cmd, f"output_dir={out}"], check=True, env=env, cwd=REPO)
+    return time.perf_counter() - start
+
+
+def differences(committed: dict, produced: dict) -> list[str]:
+    """One line per top-level key whose value differs (the accuracy matrix printed in full)."""
+    lines = []
+    for key in sorted(committed.keys() | produced.keys()):
+        if committed.get(key) != produced.get(key):
+            lines.append(
+                f"{key}: committed {json.dumps(committed.get(key))}\n{' ' * len(key)}  produced  "
+                f"{json.dumps(produced.get(key))}"
+            )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--run", type=Path, help="a finished quickstart run directory to compare instead of running")
+    parser.add_argument("--update", action="store_true", help="write the run's summary.json over the committed one")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="quickstart-check-") as tmp:
+        run = args.run
+        if run is None:
+            run = Path(tmp) / "run"
+            print(f"quickstart wall time: {run_quickstart(run):.0f} s", flush=True)
+        produced_text = (run / "summary.json").read_text()
+        if args.update:
+            COMMITTED.write_text(produced_text)
+            print(f"wrote {COMMITTED.relative_to(REPO)}")
+            return 0
+        diff = differences(json.loads(COMMITTED.read_text()), json.loads(produced_text))
+    if diff:
+        print("the quickstart no longer gives the committed result (benchmarks/quickstart/summary.json):")
+        print("\n".join(diff))
+        return 1
+    print("quickstart result equals benchmarks/quickstart/summary.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""`adaptercl merge`: ΔW-space merges of PEFT adapter folders, written as a PEFT folder that loads and behaves."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from peft import PeftModel
+
+from adaptercl.adapters.factors import read_adapter_folder
+from adaptercl.adapters.live import attach_adapter, save_adapter
+from adaptercl.cli import main
+from adaptercl.model.base import load_base
+from adaptercl.recipe.grammar import LoraConfig, ModelConfig
+
+TINY = ModelConfig(name="tiny-random")
+IDS = torch.tensor([[5, 17, 42, 99, 7, 3]])
+
+
+def make_adapter(path, seed: int, r: int = 4, alpha: float = 8.0, modules=("q_proj", "v_proj")) -> None:
+    """A saved PEFT adapter on tiny-random with random non-zero A and B."""
+    torch.manual_seed(seed)
+    model = attach_adapter(
+        load_base(TINY, "none").model, "src", LoraConfig(r=r, alpha=alpha, target_modules=list(modules))
+    )
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.copy_(0.2 * torch.randn_like(p))
+    save_adapter(model, "src", path)
+
+
+def logits_with(path=None) -> torch.Tensor:
+    model = load_base(TINY, "none").model
+    if path is not None:
+        model = PeftModel.from_pretrained(model, str(path))
+    with torch.no_grad():
+        return model(input_ids=IDS).logits
+
+
+@pytest.fixture(scope="module")
+def adapters(tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapters")
+    make_adapter(root / "a", seed=1)
+    make_adapter(root / "b", seed=2, r=2, alpha=4.0, modules=("q_proj", "k_proj"))
+    return root
+
+
+def test_twins_with_weights_one_minus_one_cancel_through_the_cli(adapters, tmp_path, capsys):
+    a = str(adapters / "a")
+    for method in ("task_arithmetic", "ties"):
+        out = tmp_path / method
+        assert main(["merge", a, a, "--weights", "1,-1", "--method", method, "--out", str(out)]) == 0
+        assert "relative Frobenius error" in capsys.readouterr().out
+        merged = read_adapter_folder(out)
+        assert all(float(d.abs().max()) == 0.0 for d in merged.deltas().values())  # ΔW = 0 in every module
+        torch.testing.assert_close(logits_with(out), logits_with(None), rtol=0, atol=0)
+        report = json.loads((out / "merge_report.json").read_text())
+        assert report["weights"] == [1.0, -1.0] and report["rel_error_max"] == 0.0
+
+
+def test_weight_one_merge_is_the_identity_and_the_folder_loads(adapters, tmp_path):
+    out = tmp_path / "id"
+    assert main(["merge", str(adapters / "a"), "--weights", "1", "--out", str(out)]) == 0
+    src, merged = read_adapter_folder(adapters / "a").deltas(), read_adapter_folder(out).deltas()
+    assert src.keys() == merged.keys()
+    for m in src:
+        torch.testing.assert_close(merged[m], src[m], rtol=1e-5, atol=1e-6)  # rank 4 -> rank 4: exact up to SVD
+    torch.testing.assert_close(logits_with(out), logits_with(adapters / "a"), rtol=1e-5, atol=1e-5)
+
+
+def test_union_of_modules_and_rank_truncation_are_reported(adapters, tmp_path):
+    out = tmp_path / "sum"
+    main(["merge", str(adapters / "a"), str(adapters / "b"), "--weights", "1,1", "--rank", "2", "--out", str(out)])
+    report = json.loads((out / "merge_report.json").read_text())
+    merged, a, b = (read_adapter_folder(p) for p in (out, adapters / "a", adapters / "b"))
+    assert set(merged.modules) == set(a.modules) | set(b.modules) and merged.rank == 2 and merged.scaling == 1.0
+    assert 0.0 < report["rel_error_max"] < 1.0 and report["rel_error_mean"] <= report["rel_error_max"]
+    k_proj = next(m for m in b.modules if m.endswith("k_proj"))  # only in b, rank 2: exact
+    assert report["rel_error"][k_proj] < 1e-6
+    torch.testing.assert_close(merged.deltas()[k_proj], b.deltas()[k_proj], rtol=1e-5, atol=1e-6)
+    q_proj = next(m for m in a.modules if m.endswith("q_proj"))  # a + b at rank 2: the best rank-2 approximation
+    s = torch.linalg.svdvals(a.deltas()[q_proj] + b.deltas()[q_proj])
+    assert report["rel_error"][q_proj] == pytest.approx(float(s[2:].norm() / s.norm()), rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["merge", "/nonexistent", "--out", "X"], "not a PEFT adapter folder"),
+        (["merge", "A", "A", "--weights", "1", "--out", "X"], "1 weights for 2 adapters"),
+        (["merge", "A", "--method", "average", "--out", "X"], "unknown method 'average'"),
+        (["merge", "A", "--weights", "one", "--out", "X"], "comma-separated numbers"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(adapters, tmp_path, capsys, args, message):
+    args = [str(adapters / "a") if a == "A" else str(tmp_path / "x") if a == "X" else a for a in args]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1

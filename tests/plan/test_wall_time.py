@@ -1,0 +1,146 @@
+"""The wall-time model of `adaptercl recipe plan` (`plan/wall_time.py`): its measured figures are the H100
+measurement's, its fits solve their equations, and each part of the estimate equals a hand computation at the shipped
+shapes."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import adaptercl.plan.wall_time as wt
+from adaptercl.cli import PLAN_CARDS
+from adaptercl.model.shapes import GIB, SHAPES, base_bytes, lora_params
+from adaptercl.plan import memory as mp
+from adaptercl.recipe.load import load_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks" / "perf"))
+from fit_memory_plan import RESULTS  # noqa: E402
+
+SHAPE_7B = SHAPES["qwen/qwen2.5-7b"]
+PARAMS_7B = (SHAPE_7B.linear_params() + SHAPE_7B.embedding_params()) / 1e9  # 7.62 B
+
+
+def hybrid(*overrides: str):
+    return mp.planned(load_recipe(REPO / "recipes" / "hybrid.yaml", list(overrides)))
+
+
+def test_the_step_figures_are_the_h100_measurements():
+    data = json.loads(RESULTS.read_text())
+    median = {v["variant"]: v["step_time_s"]["median"] for v in data["variants"] if "step_time_s" in v}
+    for method, (t1, t8) in wt.STEPS.items():  # <method>:<grad_accum>:<checkpointing>:<chunks>
+        assert (t1, t8) == (median[f"{method}:8:true:auto"], median[f"{method}:1:true:auto"])
+    workload = data["variants"][0]["workload"]
+    assert workload["sequences"] == wt.MEASURED_SEQUENCES
+    assert workload["prompt_len"] + workload["response_len"] == wt.MEASURED_TOKENS
+    assert "H100" in data["machine"]["gpu"]
+
+
+def test_the_step_constants_solve_both_measurements():
+    """hybrid by hand: C = (1.99744 - 5.84113 / 8) / (7 x 1024) = 1.7680e-4 s a token, A = 5.84113 / 8 - 1024 C =
+    0.54910 s a micro-batch; they give back both steps, micro-batch 1 (8 of them) and 8 (one)."""
+    for method, (t1, t8) in wt.STEPS.items():
+        a, c = wt.step_constants(method)
+        assert 8 * (a + 1024 * c) == pytest.approx(t1, rel=1e-12) and a + 8 * 1024 * c == pytest.approx(t8, rel=1e-12)
+        assert a > 0 and c > 0
+    a, c = wt.step_constants("hybrid")
+    assert a == pytest.approx(0.54910, abs=1e-5) and c == pytest.approx(1.7680e-4, rel=1e-4)
+    assert wt.step_constants("srpo") == wt.step_constants("sdpo")  # not measured: sdpo's, said in the figures
+    assert wt.measured_as("a_new_method") == "sdpo"
+
+
+def test_the_card_factors_are_the_spec_sheet_ratios():
+    assert wt.card_factors(wt.CARDS["rtx4090"]) == pytest.approx((3350 / 1008, 989.4 / 165.2))  # 3.32, 5.99
+    assert wt.card_factors(wt.CARDS["rtx3090"]) == pytest.approx((3350 / 936, 989.4 / 71))
+    assert set(PLAN_CARDS) == set(wt.CARDS)  # the command's --card choices
+
+
+def test_the_vllm_decode_step_is_the_least_squares_line_of_the_cited_sweep():
+    batches = np.array([b for b, _ in wt.VLLM_SWEEP], dtype=float)
+    slope, intercept = np.polyfit(batches, batches / np.array([t for _, t in wt.VLLM_SWEEP]), 1)
+    for b in (1, 32, 48):
+        assert wt.vllm_decode_step_s(b) == pytest.approx(intercept + slope * b, rel=1e-12)
+    assert wt.vllm_decode_step_s(32) == pytest.approx(32 / 975, rel=0.01)  # the fit passes near its points
+    assert wt.VLLM_LORA_RATIO == pytest.approx(0.664, abs=1e-3) and wt.VLLM_BNB_RATIO == pytest.approx(0.634, abs=1e-3)
+
+
+def test_a_training_step_on_the_card_by_hand():
+    """hybrid.yaml's tooluse stage at micro-batch 7: 32 sequences of 300 + 384 tokens = ceil(32 / 7) = 5
+    micro-batches x A x 3350 / 1008 + 32 x 684 x C x 989.4 / 165.2, x 7.62 / 7.6 B."""
+    recipe = hybrid()
+    timer = wt.Timer(recipe, SHAPE_7B, 24, wt.CARDS["rtx4090"])
+    a, c = wt.step_constants("hybrid")
+    by_hand = (5 * a * 3350 / 1008 + 32 * 684 * c * 989.4 / 165.2) * PARAMS_7B / 7.6
+    assert timer.train_step_s(recipe.stages[2], 7) == pytest.approx(by_hand, rel=1e-12)
+    assert by_hand == pytest.approx(32.4, abs=0.1)
+    twice = hybrid("grpo.iterations=2")
+    assert wt.Timer(twice, SHAPE_7B, 24, wt.CARDS["rtx4090"]).train_step_s(twice.stages[2], 7) == pytest.approx(
+        2 * by_hand, rel=1e-12
+    )
+
+
+def test_generation_by_hand_on_vllm_and_on_the_hf_engine():
+    recipe = hybrid()
+    timer = wt.Timer(recipe, SHAPE_7B, 24, wt.CARDS["rtx4090"])
+    scale = PARAMS_7B / 7.25 / (wt.VLLM_LORA_RATIO * wt.VLLM_BNB_RATIO)
+    # a step's rollouts: 32 sequences decoded together, 384 steps
+    assert timer.generate_s(32, 300, 384, batch=32) == pytest.approx(384 * wt.vllm_decode_step_s(32) * scale)
+    # evaluation: as many as vLLM's KV cache holds at once (its 0.41 share of 24 GiB less its NF4 weights, two
+    # rank-64 LoRA slots in bf16 and 1.5 GiB of runtime), at most the sweep's 48: 700 examples in waves of 48
+    fixed = base_bytes(SHAPE_7B, "nf4") + 2 * lora_params(SHAPE_7B, recipe.stages[0], 64) * 2 + 1.5 * GIB
+    holds = (0.41 * 24 * GIB - fixed) / (2 * 28 * 4 * 128 * 2) // (300 + 384)
+    assert holds == 70
+    assert timer.generate_s(700, 300, 384) == pytest.approx(
+        math.ceil(700 / 48) * 384 * wt.vllm_decode_step_s(48) * scale
+    )
+    # hf: calls of rollout.batch_size 16, each step the cited batch-1 step + dequantising every NF4 weight
+    hf = wt.Timer(hybrid("rollout.engine=hf"), SHAPE_7B, 24, wt.CARDS["rtx4090"])
+    dequant = SHAPE_7B.linear_params() * (4.127 / 8 + 4) / 1008e9
+    assert dequant == pytest.approx(0.0292, abs=1e-4)  # 6.53 B linear parameters x 4.52 bytes
+    assert hf.generate_s(32, 300, 384) == pytest.approx(2 * 384 * (1 / 12.2 + dequant))
+    assert hf.generate_s(1, 300, 384) == pytest.approx(384 / 12.2)  # batch 1: no dequantising
+
+
+def test_the_recipe_estimate_adds_its_parts_by_hand():
+    """hybrid.yaml with only stage KL on: training and rollouts per stage, evaluation before and after each stage,
+    and stage KL's 16 sampled responses + 2 policies x 4 forwards of 4 after each stage."""
+    recipe = hybrid("eval.teacher_lift_prompts=0", "eval.drift_probes=0", "eval.parameter_drift=false",
+                    "eval.stage_kl_prompts=16")  # fmt: skip
+    rows = [7, 7, 7]
+    wall = wt.estimate_wall_time(recipe, SHAPE_7B, rows)
+    timer = wt.Timer(recipe, SHAPE_7B, 24, wt.CARDS["rtx4090"])
+    assert wall.train_s == pytest.approx(sum(150 * timer.train_step_s(s, 7) for s in recipe.stages))
+    assert wall.rollout_s == pytest.approx(3 * 150 * timer.generate_s(32, 300, 384, batch=32))
+    assert wall.eval_s == pytest.approx(4 * timer.generate_s(7 * 100, 300, 384))
+    stage_kl = timer.generate_s(16, 300, 384) + 2 * 4 * timer.forward_s(4, 684)
+    assert wall.diagnostics_s == pytest.approx(3 * stage_kl)
+    a, c = wt.step_constants("grpo")  # a forward: a quarter of GRPO's step
+    assert timer.forward_s(4, 684) == pytest.approx(
+        (a * 3350 / 1008 + 4 * 684 * c * 989.4 / 165.2) / 4 * PARAMS_7B / 7.6
+    )
+    assert wall.total_s == pytest.approx(wall.train_s + wall.rollout_s + wall.eval_s + wall.diagnostics_s)
+    off = hybrid("eval.teacher_lift_prompts=0", "eval.drift_probes=0", "eval.parameter_drift=false",
+                 "eval.stage_kl_prompts=0")  # fmt: skip
+    assert wt.estimate_wall_time(off, SHAPE_7B, rows).diagnostics_s == 0.0
+
+
+def test_every_figure_says_its_kind_and_source():
+    text = mp.plan_recipe(load_recipe(REPO / "recipes" / "hybrid.yaml")).render()
+    rows = text.split("time figures (adaptercl/plan/wall_time.py):\n")[1].splitlines()
+    kinds = [row.split()[0] for row in rows]
+    assert set(kinds) == {"measured", "cited", "derived", "assumed"}
+    for row, kind in zip(rows, kinds):
+        if kind == "cited":
+            assert "https://" in row, row
+        if kind == "measured":
+            assert "benchmarks/perf/" in row, row
+    assert any("pull/11267" in row for row in rows) and any("issues/9535" in row for row in rows)
+    hf = mp.plan_recipe(load_recipe(REPO / "recipes" / "hybrid.yaml", ["rollout.engine=hf"])).render()
+    assert "bitsandbytes/issues/696" in hf and "vLLM" not in hf.split("time figures")[1]
+    srpo = mp.plan_recipe(load_recipe(REPO / "recipes" / "srpo.yaml")).render()
+    assert "assumed  H100 step, srpo (not measured: sdpo's)" in srpo

@@ -1,0 +1,180 @@
+"""Export and serve: a finished tiny-random two-stage run shipped as per-domain PEFT folders, then served by vLLM."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+
+from adaptercl.cli import main
+from adaptercl.model.base import load_base
+from adaptercl.recipe.grammar import RecipeError, resolve_recipe
+from adaptercl.run.sequence import run_recipe
+from adaptercl.ship.export import export_run
+from adaptercl.ship.serving import serve_command
+from tests.run.test_run import tiny_recipe
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    run = tmp_path_factory.mktemp("run")
+    run_recipe(resolve_recipe(tiny_recipe(run)))
+    out = tmp_path_factory.mktemp("export") / "shipped"
+    assert export_run(run, out, merged=True) == out
+    return run, out, json.loads((out / "manifest.json").read_text())
+
+
+def test_manifest_lists_every_domain_folder_and_the_combined_one(exported):
+    run, out, manifest = exported
+    assert manifest["base_model"] == "tiny-random" and Path(manifest["base_model_path"], "config.json").is_file()
+    entries = {e["name"]: e for e in manifest["adapters"]}
+    assert list(entries) == ["arith", "mcq", "combined"]
+    assert {n: e["stage"] for n, e in entries.items()} == {
+        "arith": "stage-01-one",
+        "mcq": "stage-02-two",
+        "combined": "stage-02-two",
+    }
+    assert entries["combined"]["rank"] == 8 and entries["arith"]["rank"] == 4  # combined: ranks concatenated
+    summary = json.loads((run / "summary.json").read_text())
+    assert entries["arith"]["accuracy"] == dict(zip(summary["domains"], summary["accuracy"][1]))
+    assert sorted(p.name for p in out.iterdir()) == ["arith", "combined", "manifest.json", "mcq"]
+    assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp folder left behind
+
+
+@pytest.mark.parametrize(
+    "name, source", [("arith", "stage-01-one/adapter"), ("mcq", "stage-02-two/adapter"), ("combined", None)]
+)
+def test_every_folder_reloads_bit_identical(exported, name, source):
+    run, out, manifest = exported
+    source = run / (source or "stage-02-two/combined_adapter")
+    expected = load_file(str(source / "adapter_model.safetensors"))
+    base = load_base(resolve_recipe(tiny_recipe(run)).model, "none")
+    model = PeftModel.from_pretrained(base.model, str(out / name), adapter_name=name)
+    lora = {n.replace(f".{name}.", "."): p for n, p in model.named_parameters() if "lora_" in n}
+    assert lora.keys() == expected.keys()
+    for key, tensor in expected.items():
+        assert torch.equal(lora[key].detach(), tensor)
+
+
+def test_model_card_gives_accuracies_and_forgetting(exported):
+    run, out, _ = exported
+    accuracy = json.loads((run / "summary.json").read_text())["accuracy"]  # rows: before, one, two
+    card = (out / "mcq" / "README.md").read_text()
+    assert "Base model: `tiny-random`" in card and "Method: `grpo`" in card
+    assert f"| mcq (trained) | {accuracy[1][1]:.4f} | {accuracy[2][1]:.4f} |" in card
+    assert f"- `arith`: {accuracy[1][0] - accuracy[2][0]:+.4f}" in card  # forgetting stage two caused on arith
+    assert "```yaml\nname: two\ndomain: mcq\n" in card  # the stage's resolved recipe block
+    assert "stage-01-one" in card  # the evaluated model was both stage adapters
+
+
+def test_bad_inputs_are_one_line_errors(exported, tmp_path, capsys):
+    run, out, _ = exported
+    with pytest.raises(RecipeError, match="not a run directory"):
+        export_run(tmp_path, tmp_path / "x")
+    with pytest.raises(RecipeError, match="not empty"):
+        export_run(run, out)
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(run, unfinished)
+    (unfinished / "stage-02-two" / "done.json").unlink()
+    with pytest.raises(RecipeError, match="unfinished .stage-02-two"):
+        export_run(unfinished, tmp_path / "y")
+    assert not (tmp_path / "y").exists()
+    assert main(["export", str(unfinished), "--out", str(tmp_path / "y")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: export:") and err.count("\n") == 1
+    assert main(["serve", str(tmp_path), "--print-command"]) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+
+
+def test_print_command_names_every_adapter(exported, capsys):
+    _, out, manifest = exported
+    assert main(["serve", str(out), "--port", "8123", "--print-command"]) == 0
+    command = capsys.readouterr().out.split()
+    assert command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", manifest["base_model_path"]]
+    modules = command[command.index("--lora-modules") + 1 :][:3]
+    assert modules == [f"{n}={(out / n).resolve()}" for n in ("arith", "mcq", "combined")]
+    assert command[command.index("--max-lora-rank") + 1] == "8" and "8123" in command
+
+
+def test_serve_names_the_adapter_whose_rank_vllm_cannot_hold(tmp_path):
+    (tmp_path / "wide").mkdir()
+    (tmp_path / "wide" / "adapter_config.json").write_text("{}")
+    manifest = {
+        "base_model": "b",
+        "base_model_path": str(tmp_path),
+        "adapters": [{"name": "wide", "path": "wide", "rank": 600}],
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(
+        RecipeError, match=r"^serve: adapter 'wide' of .*manifest.json: rank 600 is above vLLM's largest"
+    ):
+        serve_command(tmp_path)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.vllm
+def test_serve_answers_chat_completions_with_two_adapters(exported, tmp_path):
+    _, out, _ = exported
+    port = _free_port()
+    log_path = tmp_path / "server.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "adaptercl.cli", "serve", str(out), "--port", str(port), "--host", "127.0.0.1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/models", timeout=5) as response:
+                    served = {m["id"] for m in json.loads(response.read())["data"]}
+                break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                tail = "\n".join(log_path.read_text().splitlines()[-30:])
+                assert server.poll() is None, f"server exited with {server.returncode}:\n{tail}"
+                assert time.monotonic() < deadline, f"server not up after 180 s:\n{tail}"
+                time.sleep(2)
+        assert {"arith", "mcq", "combined", "tiny-random"} <= served
+        for name in ("arith", "mcq"):
+            reply = _post(
+                f"{base}/chat/completions",
+                {"model": name, "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 4, "temperature": 0},
+            )
+            assert reply["model"] == name
+            assert reply["usage"]["completion_tokens"] > 0 and reply["choices"][0]["message"]["role"] == "assistant"
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
