@@ -19,11 +19,11 @@ Counted, per micro-batch: the positions the student's training forward computes 
 in the two layouts it takes: `plain` (on CUDA, where activation checkpointing is on by default, the [n, P+R] layout)
 and `prefix` (the CPU default: a group's shared prompt computed once, `prefix_sharing.py`). Before: every micro-batch
 in rollout order and as wide as the whole batch (its longest prompt + longest response: `batch.select(rows)` kept
-every column). After: what `train_step` now does: `micro_batch_rows` picks the cheapest order and each micro-batch is
-cut to its own rows (`trim_padding`). `real` = prompt + response tokens of the rows; `positions / real` > 1 is padding
-(the prefix layout can go under 1: the shared prompt is computed once for the group).
+every column). After: what train/step.py now does: `micro_batch_rows` picks the cheapest order and each micro-batch
+is cut to its own rows (`trim_padding`). `real` = prompt + response tokens of the rows; `positions / real` > 1 is
+padding (the prefix layout can go under 1: the shared prompt is computed once for the group).
 
-    HF_HUB_OFFLINE=1 python benchmarks/perf/padding.py                      # samples SmolLM2 (~10-20 min on 2 cores)
+    HF_HUB_OFFLINE=1 python benchmarks/perf/padding.py                      # samples SmolLM2: ~46 min on 2 busy cores
     HF_HUB_OFFLINE=1 python benchmarks/perf/padding.py --lengths benchmarks/perf/results/padding.json   # recount
 
 writes benchmarks/perf/results/padding.json and padding.md.
@@ -215,7 +215,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=3, help="sampled steps per domain (4 prompts x 8 samples each)")
+    parser.add_argument("--steps", type=int, default=2, help="sampled steps per domain (4 prompts x 8 samples each)")
     parser.add_argument("--lengths", type=Path, default=None, help="reuse the sampled lengths of an earlier result")
     parser.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/perf/results)")

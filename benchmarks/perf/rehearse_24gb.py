@@ -3,9 +3,9 @@ card capped at 24 GiB, with each phase's peak memory, the step and decode times,
 
 Nothing is downloaded. The model is a random bf16 checkpoint of Qwen2.5-7B-Instruct's shape with adaptercl's
 byte-level ChatML tokenizer (`cuda_7b_memory.write_random_checkpoint`, ~15 GB written once to `--checkpoint-dir`),
-loaded as the recipe says (NF4). The recipe (default recipes/hybrid.yaml) runs through `run.run_recipe`, every stage,
-the evaluations before and after each, and the end-of-stage diagnostics (teacher lift, parameter and response drift,
-stage KL), with these changes, all recorded in the JSON (`changes`):
+loaded as the recipe says (NF4). The recipe (default recipes/hybrid.yaml) runs through `run.sequence.run_recipe`,
+every stage, the evaluations before and after each, and the end-of-stage diagnostics (teacher lift, parameter and
+response drift, stage KL), with these changes, all recorded in the JSON (`changes`):
 - its hub/URL domains become local synthetic ones of the same names in the gsm8k format (sums; a random model gets
   none right, so the hybrid distils every group, its costliest case) whose question is padded so every prompt is
   `--prompt-tokens` tokens long (default 1024, the plan's assumption; one byte is one token); the retention probes
@@ -15,7 +15,7 @@ stage KL), with these changes, all recorded in the JSON (`changes`):
 - evaluation and diagnostics shrunk to fit the time: `--eval-examples` examples a domain, `--eval-new-tokens` new
   tokens, 2 drift probes, 1 teacher-lift prompt, 2 stage-KL prompts. Rollouts keep the recipe's cap (384): random
   weights never sample the end token, so every response is at the cap, the plan's worst case.
-The plan's prediction (`memory_plan.plan_recipe` on a 24 GiB card, prompts of `--prompt-tokens`) is taken for this
+The plan's prediction (`plan.memory.plan_recipe` on a 24 GiB card, prompts of `--prompt-tokens`) is taken for this
 very recipe, once with the engine that ran (`plan_as_run`) and once as written (`plan_as_written`: auto = vLLM).
 
 The cap: `torch.cuda.set_per_process_memory_fraction(24 GiB / the card)` bounds torch's allocator (the trainer and
