@@ -76,6 +76,14 @@ def order_cost(batch: TokenBatch, parts: list[Rows], share_prompts: bool) -> int
     return sum(forward_positions(trim_padding(batch.select(rows)), share_prompts) for rows in parts)
 
 
+def cut(batch: TokenBatch, rows: Rows, parts: int, response_width: int | None = None) -> TokenBatch:
+    """Rows `rows` of `batch` cut to their own width (`trim_padding`; `response_width`: a teacher batch cut to its
+    student micro-batch's), or as they are when the step has one micro-batch (`parts` 1): a step without
+    micro-batches computes exactly what it computed before, bit for bit."""
+    selected = batch.select(rows)
+    return trim_padding(selected, response_width) if parts > 1 else selected
+
+
 def micro_batch_rows(batch: TokenBatch, micro: int, share_prompts: bool) -> tuple[str, list[Rows]]:
     """The name of the cheapest of `ORDERS` for micro-batches of `micro` rows of `batch` (see the module docstring),
     and its micro-batches' rows. `share_prompts`: whether the training forward shares prompt prefixes (not under

@@ -42,12 +42,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from adaptercl.model import TokenBatch, trim_padding
+from adaptercl.model import TokenBatch
 from adaptercl.system import distributed
 from adaptercl.train.context import StageContext
 from adaptercl.train.distill_targets import DistillTargets
 from adaptercl.train.losses import token_entropy
-from adaptercl.train.micro_batch_rows import Rows
+from adaptercl.train.micro_batch_rows import Rows, cut
 from adaptercl.train.token_terms import ResponseScores
 
 ENTROPY_CHUNK = 256  # positions per chunk of the teacher-entropy logits when the step itself keeps full logits
@@ -73,7 +73,7 @@ def unnormalised_weights(entropy: Tensor, beta: float) -> Tensor:
 @dataclass
 class RoutedStep:
     """The SRPO inputs of one batch of N rows split into micro-batches (index k), known before the first backward.
-    Micro-batch k is R'_k columns wide: its rows' longest response (`model.batching.trim_padding`)."""
+    Micro-batch k is R'_k columns wide: its rows' longest response (`micro_batch_rows.cut`)."""
 
     grpo_mask: Tensor  # [N, R] response tokens of the GRPO-routed rows (z^G)
     sdpo_rows: list[Tensor]  # per micro-batch: [n_t] indices, within it, of its SDPO-routed rows
@@ -108,14 +108,14 @@ def routed_step(
     sums = torch.zeros(5, dtype=torch.float64, device=device)  # Σ w̃·m, Σ H·m, Σ m (SDPO), Σ z^G tokens, rows
     sums[3] = grpo_mask.sum()
     for rows in parts:
-        width = trim_padding(batch.select(rows)).response_ids.shape[1]  # R', the step's micro-batch
+        width = cut(batch, rows, len(parts)).response_ids.shape[1]  # R', the step's micro-batch
         target_rows = routed[rows].nonzero().squeeze(-1)  # [n_t]
         sdpo_rows.append(target_rows)
         if target_rows.numel() == 0:
             teacher.append(None)
             raw.append(None)
             continue
-        teacher_mb = trim_padding(targets.teacher_batch.select(rows).select(target_rows), width)
+        teacher_mb = cut(targets.teacher_batch.select(rows), target_rows, len(parts), width)
         # any chunk size asks for the hidden states [n_t, R', H] (never [n_t, R', V] logits for the whole step)
         scores = ctx.teacher.scores(ctx.model, teacher_mb, stage.rollout.temperature, chunk_size or width)
         entropy = teacher_entropy(scores, chunk_size or ENTROPY_CHUNK)  # [n_t, R']

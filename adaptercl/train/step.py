@@ -44,20 +44,14 @@ import math
 import torch
 
 from adaptercl.adapters import active_adapters, lora_parameters
-from adaptercl.model import (
-    TokenBatch,
-    activation_checkpointing,
-    resolve_activation_checkpointing,
-    response_scores,
-    trim_padding,
-)
+from adaptercl.model import TokenBatch, activation_checkpointing, resolve_activation_checkpointing, response_scores
 from adaptercl.recipe import METHODS
 from adaptercl.system import distributed
 from adaptercl.train import losses
 from adaptercl.train.context import StageContext
 from adaptercl.train.distill_targets import DistillTargets
 from adaptercl.train.loss_terms import policy_term, weighted_distillation
-from adaptercl.train.micro_batch_rows import micro_batch_rows
+from adaptercl.train.micro_batch_rows import cut, micro_batch_rows
 from adaptercl.train.regularizers import StageRegularizers
 from adaptercl.train.srpo import routed_step
 from adaptercl.train.token_terms import TokenTerms, resolve_logits_chunk_size, token_logprobs, token_terms
@@ -113,7 +107,7 @@ def train_on_batch(
     for _ in range(stage.grpo.iterations):
         optimizer.zero_grad(set_to_none=True)
         for k, rows in enumerate(parts):
-            mb = trim_padding(batch.select(rows))
+            mb = cut(batch, rows, len(parts))
             r_width = mb.response_ids.shape[1]  # R'
             mask = mb.response_mask  # [n_mb, R']
             with activation_checkpointing(model, checkpointing):
@@ -128,7 +122,7 @@ def train_on_batch(
                 # The teacher runs only on the rows with a target (hybrid: the failed groups), so sparse
                 # distillation costs a teacher forward in proportion to how sparse it is.
                 target_rows = (t_mask.sum(-1) > 0).nonzero().squeeze(-1)  # [n_t]
-                teacher_mb = trim_padding(targets.teacher_batch.select(rows).select(target_rows), r_width)
+                teacher_mb = cut(targets.teacher_batch.select(rows), target_rows, len(parts), r_width)
                 teacher = ctx.teacher.scores(model, teacher_mb, temperature, chunk)  # [n_t, R', V] or [n_t, R', H]
             terms = token_terms(student, mb.response_ids, chunk, previous, teacher, target_rows, stage.distill)
             logp = terms.logp  # [n_mb, R']

@@ -26,7 +26,7 @@ from adaptercl.train import losses
 from adaptercl.train import step as train_step
 from adaptercl.train.context import prompts_for_step
 from adaptercl.train.distill_targets import distill_targets
-from adaptercl.train.micro_batch_rows import forward_positions, micro_batch_rows, split_order
+from adaptercl.train.micro_batch_rows import cut, forward_positions, micro_batch_rows, split_order
 from adaptercl.train.regularizers import StageRegularizers
 from adaptercl.train.stage import _rollout_logprobs
 from tests.train.test_distill_stage import ToyDomain, ToyExample, stage_context
@@ -91,33 +91,35 @@ def one_step(tmp_path, case: str, **optim):
 
 def train_on_batch_spied(ctx, batch, advantages, recorder, targets, regs, rollout_logp) -> dict:
     """`train_step.train_on_batch`'s statistics, with the order it chose and the shapes of the student micro-batches
-    it forwarded (the trims without a width; a teacher's trim is given its student's width)."""
+    it forwarded (the cuts without a width; a teacher's cut is given its student's width)."""
     spied = {"students": []}
-    original_rows, original_trim = train_step.micro_batch_rows, train_step.trim_padding
+    original_rows, original_cut = train_step.micro_batch_rows, train_step.cut
 
     def rows(*a, **k):
         spied["order"] = original_rows(*a, **k)
         return spied["order"]
 
-    def trim(b, *a):
-        out = original_trim(b, *a)
-        if not a:
+    def cut(b, rows, parts, *width):
+        out = original_cut(b, rows, parts, *width)
+        if not width:
             spied["students"].append(tuple(out.input_ids.shape))
         return out
 
-    train_step.micro_batch_rows, train_step.trim_padding = rows, trim
+    train_step.micro_batch_rows, train_step.cut = rows, cut
     try:
         spied["stats"] = train_step.train_on_batch(ctx, batch, advantages, recorder, targets, rollout_logp, regs)
     finally:
-        train_step.micro_batch_rows, train_step.trim_padding = original_rows, original_trim
+        train_step.micro_batch_rows, train_step.cut = original_rows, original_cut
     return spied
 
 
 def padded_path(monkeypatch) -> None:
     """The step as it was: micro-batches in rollout order, each padded to the whole batch's longest."""
-    monkeypatch.setattr(train_step, "trim_padding", lambda batch, width=None: batch)
+    monkeypatch.setattr(train_step, "cut", lambda batch, rows, parts, width=None: batch.select(rows))
     monkeypatch.setattr(
-        train_step, "micro_batch_rows", lambda batch, micro, share_prompts: ("rollout", split_order(list(range(8)), 2))
+        train_step,
+        "micro_batch_rows",
+        lambda batch, micro, share_prompts: ("rollout", split_order(list(range(batch.input_ids.shape[0])), micro)),
     )
 
 
@@ -184,3 +186,24 @@ def test_the_cheapest_order_is_chosen_and_one_micro_batch_stays_as_it_is():
     same = build_batch([[1, 2, 3]] * 4, [[9] * 4] * 4, pad_id=0)
     assert micro_batch_rows(same, 2, share_prompts=True) == ("rollout", [slice(0, 2), slice(2, 4)])
     assert micro_batch_rows(batch, 8, share_prompts=False) == ("rollout", [slice(0, 8)])
+
+
+def test_one_micro_batch_is_the_step_as_before_bit_for_bit(tmp_path):
+    new, spied, batch = one_step(tmp_path / "new", "sdpo_full_seq_mean_all", micro_batch_size=8)
+    assert spied["order"] == ("rollout", [slice(0, 8)]) and spied["students"] == [tuple(batch.input_ids.shape)]
+    with pytest.MonkeyPatch.context() as mp:
+        padded_path(mp)
+        reference, _, _ = one_step(tmp_path / "padded", "sdpo_full_seq_mean_all", micro_batch_size=8)
+    for a, b in zip(reference[0][0], new[0][0], strict=True):
+        assert torch.equal(a, b)
+    assert new[1] == reference[1]
+
+
+def test_a_teacher_batch_is_cut_only_when_the_step_has_several_micro_batches():
+    # teacher prompts of 5, 2 and 3 tokens: rows 1 and 2 alone need 3 prompt columns, not 5
+    teacher = build_batch([[5, 6, 7, 8, 9], [5, 6], [5, 6, 7]], [[1, 2, 3, 4], [2], []], pad_id=0)
+    rows = torch.tensor([1, 2])
+    assert cut(teacher, rows, 1, 4).input_ids.shape == (2, 5 + 4)  # one micro-batch: as it is
+    assert torch.equal(cut(teacher, rows, 1, 4).input_ids, teacher.input_ids[rows])
+    several = cut(teacher, rows, 3, 2)  # cut to its student micro-batch's 2 response columns
+    assert several.input_ids.shape == (2, 3 + 2) and several.response_ids.shape == (2, 2)
