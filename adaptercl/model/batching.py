@@ -66,6 +66,33 @@ def build_batch(prompts: list[list[int]], responses: list[list[int]], pad_id: in
     return TokenBatch(input_ids, attention, position_ids, input_ids[:, p_width:].clone(), response_mask)
 
 
+def trim_padding(batch: TokenBatch, response_width: int | None = None) -> TokenBatch:
+    """`batch` without the columns that are padding in every row: the leading prompt columns and the response columns
+    after the longest response (one column kept at least, as `build_batch`), or after `response_width` when given (a
+    teacher batch cut to its student micro-batch's width). Every row keeps its tokens, attention mask and positions, so
+    its logits are the same up to rounding; the forward costs [N, P'+R'] instead of [N, P+R]."""
+    r_width = batch.response_ids.shape[1]
+    p_width = batch.input_ids.shape[1] - r_width
+    first = p_width - int(batch.attention_mask[:, :p_width].sum(-1).max())  # left padding: the longest prompt's start
+    if response_width is None:
+        response_width = max(1, int(batch.attention_mask[:, p_width:].sum(-1).max()))
+    end = p_width + response_width
+    return TokenBatch(
+        batch.input_ids[:, first:end],
+        batch.attention_mask[:, first:end],
+        batch.position_ids[:, first:end],
+        batch.response_ids[:, :response_width],
+        batch.response_mask[:, :response_width],
+    )
+
+
+def prompt_lists(batch: TokenBatch) -> list[list[int]]:
+    """Each row's prompt tokens (its left padding removed), as `build_batch` was given them."""
+    p_width = batch.input_ids.shape[1] - batch.response_ids.shape[1]
+    lengths = batch.attention_mask[:, :p_width].sum(-1).tolist()  # [N]
+    return [row[p_width - length :] for row, length in zip(batch.input_ids[:, :p_width].tolist(), lengths)]
+
+
 def response_logits(
     model: torch.nn.Module, batch: TokenBatch, share_prompts: bool = True, temperature: float = 1.0
 ) -> torch.Tensor:
@@ -179,9 +206,7 @@ def _prefix_shared_forward(model: torch.nn.Module, batch: TokenBatch, logits_to_
     """
     r_width = batch.response_ids.shape[1]
     p_width = batch.input_ids.shape[1] - r_width
-    lengths = batch.attention_mask[:, :p_width].sum(-1).tolist()  # [N]
-    prompts = [row[p_width - length :] for row, length in zip(batch.input_ids[:, :p_width].tolist(), lengths)]
-    layout = prefix_layout(prompts, r_width - 1, pad_id=0, device=batch.input_ids.device)
+    layout = prefix_layout(prompt_lists(batch), r_width - 1, pad_id=0, device=batch.input_ids.device)
     if layout is None:
         return None
     rest_ids = torch.cat([layout.own_ids, batch.input_ids[:, p_width:-1]], dim=1)  # [N, S+R-1]

@@ -1,10 +1,10 @@
 """One training stage, top to bottom (`stage.py`: rollout -> reward -> teacher -> loss -> step -> guard -> log): what
-it is handed (`context.py`), the micro-batch it trains with (`micro_batch.py`), one optimiser step (`step.py`), the
-distillation targets of a step (`distill_targets.py`; the hybrid's sparse choice of tokens, `sparse_targets.py`;
-SRPO's routed teacher and weights, `srpo.py`), the loss math (`losses.py`, pure tensors) and the loss terms composed
-from it (`loss_terms.py`; per-token terms from chunks of positions, `token_terms.py`), the continual-learning
-regularisers (`regularizers.py`), the learning-rate schedule (`lr_schedule.py`), the collapse guard
-(`collapse_guard.py`) and mid-stage checkpoints (`checkpoint.py`).
+it is handed (`context.py`), the micro-batch it trains with (`micro_batch.py`) and which rows make each one
+(`micro_batch_rows.py`), one optimiser step (`step.py`), the distillation targets of a step (`distill_targets.py`;
+the hybrid's sparse choice of tokens, `sparse_targets.py`; SRPO's routed teacher and weights, `srpo.py`), the loss
+math (`losses.py`, pure tensors) and the loss terms composed from it (`loss_terms.py`; per-token terms from chunks of
+positions, `token_terms.py`), the continual-learning regularisers (`regularizers.py`), the learning-rate schedule
+(`lr_schedule.py`), the collapse guard (`collapse_guard.py`) and mid-stage checkpoints (`checkpoint.py`).
 """
 
 from importlib import import_module

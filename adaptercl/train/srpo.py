@@ -47,6 +47,7 @@ from adaptercl.system import distributed
 from adaptercl.train.context import StageContext
 from adaptercl.train.distill_targets import DistillTargets
 from adaptercl.train.losses import token_entropy
+from adaptercl.train.micro_batch_rows import Rows, cut
 from adaptercl.train.token_terms import ResponseScores
 
 ENTROPY_CHUNK = 256  # positions per chunk of the teacher-entropy logits when the step itself keeps full logits
@@ -71,12 +72,13 @@ def unnormalised_weights(entropy: Tensor, beta: float) -> Tensor:
 
 @dataclass
 class RoutedStep:
-    """The SRPO inputs of one batch of N rows split into micro-batches (index k), known before the first backward."""
+    """The SRPO inputs of one batch of N rows split into micro-batches (index k), known before the first backward.
+    Micro-batch k is R'_k columns wide: its rows' longest response (`micro_batch_rows.cut`)."""
 
     grpo_mask: Tensor  # [N, R] response tokens of the GRPO-routed rows (z^G)
     sdpo_rows: list[Tensor]  # per micro-batch: [n_t] indices, within it, of its SDPO-routed rows
-    teacher: list[ResponseScores | None]  # per micro-batch: the teacher's hidden states on those rows [n_t, R, H]
-    weights: list[Tensor | None]  # per micro-batch: the DW-SDPO weights w of those rows [n_t, R]
+    teacher: list[ResponseScores | None]  # per micro-batch: the teacher's hidden states on those rows [n_t, R'_k, H]
+    weights: list[Tensor | None]  # per micro-batch: the DW-SDPO weights w of those rows [n_t, R'_k]
     denominator: Tensor  # []: Σ z^G tokens + Σ z^S tokens of the whole batch, all ranks
     grpo_tokens: Tensor  # []: Σ z^G tokens, all ranks
     sdpo_tokens: Tensor  # []: Σ z^S tokens, all ranks
@@ -93,32 +95,32 @@ class RoutedStep:
 
 @torch.no_grad()
 def routed_step(
-    ctx: StageContext, batch: TokenBatch, targets: DistillTargets, micro: int, chunk_size: int | None
+    ctx: StageContext, batch: TokenBatch, targets: DistillTargets, parts: list[Rows], chunk_size: int | None
 ) -> RoutedStep:
     """The teacher's forward on the SDPO-routed rows (`targets.has_target`), their entropies and DW-SDPO weights,
-    and the shared denominator, for `batch` [N, P+R] in micro-batches of `micro` rows (see the module docstring)."""
+    and the shared denominator, for `batch` [N, P+R] in the training step's micro-batches `parts` (their rows,
+    `micro_batch_rows`), each cut to its rows' longest response as the step cuts it (see the module docstring)."""
     stage = ctx.stage
-    n, width = batch.response_mask.shape
     device = batch.response_mask.device
     routed = torch.tensor(targets.has_target, dtype=torch.bool, device=device)  # [N] z^S
     grpo_mask = batch.response_mask * (~routed).unsqueeze(-1).to(batch.response_mask.dtype)  # [N, R]
     sdpo_rows, teacher, raw, extremes = [], [], [], []
     sums = torch.zeros(5, dtype=torch.float64, device=device)  # Σ w̃·m, Σ H·m, Σ m (SDPO), Σ z^G tokens, rows
     sums[3] = grpo_mask.sum()
-    for start in range(0, n, micro):
-        rows = slice(start, min(n, start + micro))
+    for rows in parts:
+        width = cut(batch, rows, len(parts)).response_ids.shape[1]  # R', the step's micro-batch
         target_rows = routed[rows].nonzero().squeeze(-1)  # [n_t]
         sdpo_rows.append(target_rows)
         if target_rows.numel() == 0:
             teacher.append(None)
             raw.append(None)
             continue
-        teacher_mb = targets.teacher_batch.select(rows).select(target_rows)
-        # any chunk size asks for the hidden states [n_t, R, H] (never [n_t, R, V] logits for the whole step)
+        teacher_mb = cut(targets.teacher_batch.select(rows), target_rows, len(parts), width)
+        # any chunk size asks for the hidden states [n_t, R', H] (never [n_t, R', V] logits for the whole step)
         scores = ctx.teacher.scores(ctx.model, teacher_mb, stage.rollout.temperature, chunk_size or width)
-        entropy = teacher_entropy(scores, chunk_size or ENTROPY_CHUNK)  # [n_t, R]
-        weight = unnormalised_weights(entropy, stage.srpo.entropy_beta)  # [n_t, R]
-        mask = targets.mask[rows][target_rows]  # [n_t, R]
+        entropy = teacher_entropy(scores, chunk_size or ENTROPY_CHUNK)  # [n_t, R']
+        weight = unnormalised_weights(entropy, stage.srpo.entropy_beta)  # [n_t, R']
+        mask = targets.mask[rows][target_rows][:, :width]  # [n_t, R']
         sums += torch.stack([(weight * mask).sum(), (entropy * mask).sum(), mask.sum(), sums.new_zeros(()),
                              sums.new_tensor(float(target_rows.numel()))]).to(sums.dtype)  # fmt: skip
         if mask.sum() > 0:

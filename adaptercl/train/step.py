@@ -24,6 +24,11 @@ Data-parallel ranks (`system/distributed.py`): each rank's batch is its share of
 above is the whole batch's (summed over ranks), so the ranks' losses sum to the 1-process loss, and the gradients are
 summed before clipping (the L2/orthogonality term is added on rank 0 only). Logged statistics are the whole batch's.
 
+Padding: `micro_batch_rows` chooses which rows go together (the rollout order, or sorted by length where that
+computes fewer positions) and each micro-batch is cut to its own rows' longest prompt and response (R' <= R columns),
+not the whole batch's; with one micro-batch the batch is used as it is. srpo's teacher runs before the loop on the
+same micro-batches (`srpo.routed_step`).
+
 Memory: the split bounds the rows n_mb of a micro-batch (`micro_batch.py`: auto sizes it to the card). The
 per-token quantities (log-probs, entropies, KL to the previous stage, the divergence to the teacher) come from
 `token_terms.token_terms`: with `optim.logits_chunk_size` (auto: 1024 on CUDA) only a chunk of positions'
@@ -46,6 +51,7 @@ from adaptercl.train import losses
 from adaptercl.train.context import StageContext
 from adaptercl.train.distill_targets import DistillTargets
 from adaptercl.train.loss_terms import policy_term, weighted_distillation
+from adaptercl.train.micro_batch_rows import cut, micro_batch_rows
 from adaptercl.train.regularizers import StageRegularizers
 from adaptercl.train.srpo import routed_step
 from adaptercl.train.token_terms import TokenTerms, resolve_logits_chunk_size, token_logprobs, token_terms
@@ -80,9 +86,11 @@ def train_on_batch(
     device = next(model.parameters()).device
     chunk = resolve_logits_chunk_size(stage.optim.logits_chunk_size, device)
     checkpointing = resolve_activation_checkpointing(stage.optim.activation_checkpointing, device)
+    # which rows go together; each micro-batch is then cut to its own rows' longest prompt and response
+    _, parts = micro_batch_rows(batch, micro, share_prompts=not checkpointing)
     routed = None
     if spec.sample_routed:  # srpo: its teacher forward, entropy weights and shared denominator, before any backward
-        routed = routed_step(ctx, batch, targets, micro, chunk)
+        routed = routed_step(ctx, batch, targets, parts, chunk)
         policy_denominator = routed.denominator
         distill_denominators = (routed.denominator, routed.sdpo_tokens)
     else:
@@ -98,27 +106,28 @@ def train_on_batch(
     params = list(lora_parameters(model, ctx.student).values())
     for _ in range(stage.grpo.iterations):
         optimizer.zero_grad(set_to_none=True)
-        for k, start in enumerate(range(0, n, micro)):
-            rows = slice(start, min(n, start + micro))
-            mb = batch.select(rows)
-            mask = mb.response_mask  # [n_mb, R]
+        for k, rows in enumerate(parts):
+            mb = cut(batch, rows, len(parts))
+            r_width = mb.response_ids.shape[1]  # R'
+            mask = mb.response_mask  # [n_mb, R']
             with activation_checkpointing(model, checkpointing):
                 student = response_scores(model, mb, temperature, chunk)  # [n_mb, R, V] logits or [n_mb, R, H]
             previous = regs.previous_scores(model, mb, temperature, chunk) if regs is not None else None
             target_rows = teacher = None
+            t_mask = None if targets is None else targets.mask[rows][:, :r_width]  # [n_mb, R']
             if routed is not None:  # srpo: the teacher already ran on this micro-batch's SDPO rows
                 if routed.teacher[k] is not None:
                     target_rows, teacher = routed.sdpo_rows[k], routed.teacher_scores(k, chunk)
-            elif targets is not None and targets.mask[rows].sum() > 0:
+            elif t_mask is not None and t_mask.sum() > 0:
                 # The teacher runs only on the rows with a target (hybrid: the failed groups), so sparse
                 # distillation costs a teacher forward in proportion to how sparse it is.
-                target_rows = (targets.mask[rows].sum(-1) > 0).nonzero().squeeze(-1)  # [n_t]
-                teacher_mb = targets.teacher_batch.select(rows).select(target_rows)
-                teacher = ctx.teacher.scores(model, teacher_mb, temperature, chunk)  # [n_t, R, V] or [n_t, R, H]
+                target_rows = (t_mask.sum(-1) > 0).nonzero().squeeze(-1)  # [n_t]
+                teacher_mb = cut(targets.teacher_batch.select(rows), target_rows, len(parts), r_width)
+                teacher = ctx.teacher.scores(model, teacher_mb, temperature, chunk)  # [n_t, R', V] or [n_t, R', H]
             terms = token_terms(student, mb.response_ids, chunk, previous, teacher, target_rows, stage.distill)
-            logp = terms.logp  # [n_mb, R]
-            old = logp.detach() if logp_old is None else logp_old[rows]
-            mb_rollout_logp = None if rollout_logp is None else rollout_logp[rows]
+            logp = terms.logp  # [n_mb, R']
+            old = logp.detach() if logp_old is None else logp_old[rows][:, :r_width]
+            mb_rollout_logp = None if rollout_logp is None else rollout_logp[rows][:, :r_width]
             token_share = mask.sum() / total_tokens
             loss = logp.new_zeros(())
             if terms.kl_prev is not None:
@@ -127,7 +136,7 @@ def train_on_batch(
                 )
                 add_token_means(sums, {"kl_prev": terms.kl_prev.detach()}, mask, token_share)
             if spec.policy_term:
-                policy_mask = mask if routed is None else routed.grpo_mask[rows]  # [n_mb, R]
+                policy_mask = mask if routed is None else routed.grpo_mask[rows][:, :r_width]  # [n_mb, R']
                 per_token, stats = policy_term(
                     logp,
                     old,
@@ -154,7 +163,7 @@ def train_on_batch(
                 token_weight = None if routed is None else routed.weights[k]
                 loss = loss + _distillation(
                     ctx,
-                    rows,
+                    t_mask,
                     target_rows,
                     terms,
                     old,
@@ -197,7 +206,7 @@ def train_on_batch(
 
 def _distillation(
     ctx: StageContext,
-    rows: slice,
+    mb_mask: torch.Tensor,
     target_rows: torch.Tensor,
     terms: TokenTerms,
     old: torch.Tensor,
@@ -208,12 +217,13 @@ def _distillation(
     token_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The weighted distillation term of one micro-batch (0 added when its weight is 0); logs its statistics.
-    `terms` holds the divergence on rows `target_rows` [n_t] of the micro-batch (those with a target);
+    `mb_mask` [n_mb, R'] is `targets.mask` on the micro-batch's rows and columns; `terms` holds the divergence on its
+    rows `target_rows` [n_t] (those with a target);
     `denominators` the batch-global (aggregation's denominator, distilled tokens) of `targets.mask` (srpo: the shared
     token denominator of both its terms); `token_weight` [n_t, R] multiplies the token losses (srpo's DW-SDPO
     weights; None: 1)."""
     stage, distill = ctx.stage, ctx.stage.distill
-    d_mask = targets.mask[rows][target_rows]  # [n_t, R]
+    d_mask = mb_mask[target_rows]  # [n_t, R']
     per_token, stats = weighted_distillation(
         terms.divergence,
         terms.logp[target_rows],

@@ -26,10 +26,20 @@ What is timed:
   zero_grad; not the periodic logging that follows `on_step_end`). Rollout share: `_generate_single_turn`.
 The first `--warmup` steps of each are left out.
 
+Two workloads (`--workload`):
+- `short` (the default): the built-in arithmetic prompts (~60 tokens), 48 new tokens, generation forced to the cap on
+  both sides, as above;
+- `long`: the prompts of a shipped domain (`--domain`, default math: GSM8K from ../shared/data/gsm8k, loaded by
+  adaptercl's loader with recipes/hybrid.yaml's format, so both systems get the same chat messages), 256 new tokens,
+  and responses of their natural length (no forced minimum: each stops at its end token or at the cap), so the
+  batch is padded to its longest response as in a real run; the completion lengths of both sides are recorded
+  (`completion_len`): they are samples of the same distribution, not the same responses.
+
     python benchmarks/perf/step_time.py --model tiny-random
     python benchmarks/perf/step_time.py --model smollm2-135m-instruct --steps 10 --warmup 2
+    python benchmarks/perf/step_time.py --model smollm2-135m-instruct --workload long --steps 3 --warmup 1
 
-writes benchmarks/perf/results/step_time-<model>.json and prints a markdown table.
+writes benchmarks/perf/results/step_time-<model>[-long].json and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -48,10 +58,22 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
+from padding import DATA, DOMAINS  # noqa: E402
 from perf_common import add_workload_arguments, write_result  # noqa: E402
 from provenance import markdown_table, provenance, spread  # noqa: E402
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LONG_DOMAINS = {name: block for name, (_, block) in DOMAINS.items()}  # recipes/hybrid.yaml's, from ../shared/data
+
+
+def workload_domain(args: argparse.Namespace):
+    """The domain whose prompts both systems train on: built-in arithmetic (short) or a shipped one (long)."""
+    from adaptercl.recipe.domain_block import DomainConfig
+
+    if args.workload == "short":
+        return DomainConfig(name="arithmetic", source="builtin:arithmetic")
+    block = LONG_DOMAINS[args.domain]
+    return DomainConfig(name=args.domain, **{**block, "source": str(args.data / block["source"])})
 
 
 def digit_fraction(text: str) -> float:
@@ -144,7 +166,7 @@ def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
             "eval": {"examples_per_domain": 1},
         }
     )
-    source = load_domain(recipe.domains[0], recipe.seed, recipe.eval.examples_per_domain)
+    source = load_domain(workload_domain(args), recipe.seed, recipe.eval.examples_per_domain)
     domain = Domain(
         name=source.name,
         train=source.train,
@@ -153,7 +175,8 @@ def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
         format_patterns=[],
     )
     base = load_base(recipe.model, "none", torch.device("cpu"))
-    base.model.generation_config.min_new_tokens = args.max_new_tokens  # fixed-length rollouts (EOS masked)
+    if args.workload == "short":
+        base.model.generation_config.min_new_tokens = args.max_new_tokens  # fixed-length rollouts (EOS masked)
     torch.manual_seed(recipe.seed)
     student = "stage-01-bench"
     model = attach_adapter(base.model, student, recipe.stages[0].lora)
@@ -193,7 +216,7 @@ def trl_trainer(args: argparse.Namespace, work: Path, model_path: str, ctx, call
         gradient_accumulation_steps=1,
         num_iterations=1,
         max_completion_length=args.max_new_tokens,
-        generation_kwargs={"min_new_tokens": args.max_new_tokens},
+        generation_kwargs={"min_new_tokens": args.max_new_tokens} if args.workload == "short" else None,
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -208,7 +231,7 @@ def trl_trainer(args: argparse.Namespace, work: Path, model_path: str, ctx, call
         epsilon_high=0.28,
         scale_rewards="none",
         loss_type="dapo",
-        mask_truncated_completions=False,  # every completion hits the cap by construction
+        mask_truncated_completions=False,  # short: every completion hits the cap; long: as adaptercl, kept
         activation_checkpointing=False,  # alias gradient_checkpointing, which TRL's GRPOConfig turns on
         use_vllm=False,
         max_steps=args.warmup + args.steps,
@@ -241,6 +264,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from transformers import TrainerCallback
 
+    from adaptercl.model.batching import encode_chat
     from adaptercl.train.stage import run_stage
 
     model_path, model_note = plain_model_folder(args.model, work)
@@ -308,20 +332,24 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     paired = [a / b for a, b in zip(ours, theirs)]
     trl_lengths = trainer.completion_lengths
     fixed = set(trl_lengths) | {r["response_len_mean"] for r in rows} | {r["response_len_max"] for r in rows}
+    prompt_lengths = [len(encode_chat(ctx.tokenizer, ex.messages)) for ex in ctx.domain.train]
     return {
         "model": args.model,
         "model_path": model_path,
         "model_folder": model_note,
-        "workload": {k: getattr(args, k) for k in ("prompts_per_step", "group_size", "max_new_tokens", "lr", "seed")}
+        "workload": {k: getattr(args, k) for k in ("workload", "domain", "prompts_per_step", "group_size")}
+        | {k: getattr(args, k) for k in ("max_new_tokens", "lr", "seed")}
+        | {"prompt_tokens": {"mean": statistics.fmean(prompt_lengths), "max": max(prompt_lengths)}}
         | {"lora": {"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.0, "target_modules": TARGET_MODULES}}
         | {"dtype": "float32", "warmup_steps": args.warmup, "timed_steps": args.steps},
         "completion_len": {
             "adaptercl_mean": statistics.fmean(r["response_len_mean"] for r in rows),
+            "adaptercl_batch_max_mean": statistics.fmean(r["response_len_max"] for r in rows),
             "trl_mean": statistics.fmean(trl_lengths) if trl_lengths else None,
             "trl_min": min(trl_lengths, default=None),
             "trl_max": max(trl_lengths, default=None),
         },
-        "fixed_length_ok": fixed == {args.max_new_tokens},
+        "fixed_length_ok": fixed == {args.max_new_tokens} if args.workload == "short" else None,
         "trl_activation_checkpointing": bool(trainer.args.activation_checkpointing)
         or bool(getattr(trainer.model.get_base_model(), "is_activation_checkpointing", False)),
         "attn_implementation": {
@@ -345,21 +373,26 @@ def markdown(result: dict[str, Any]) -> str:
         s, r = result[f"{key}_step_s"], result[f"{key}_rollout_s"]
         rows.append([name, s["median"], f"{s['q1']:.3f}-{s['q3']:.3f}", f"{s['min']:.3f}-{s['max']:.3f}", r["median"]])
     p = result["paired_ratio"]
+    prompts = f"{w.get('domain') or 'arithmetic'} prompts (mean {w['prompt_tokens']['mean']:.0f} tokens)"
+    tokens = f"{w['max_new_tokens']} tokens" + (" at most (natural length)" if w["workload"] == "long" else "")
     return (
-        f"### GRPO step time, {result['model']}: {w['prompts_per_step']} prompts x {w['group_size']} samples x "
-        f"{w['max_new_tokens']} tokens, LoRA r{w['lora']['r']}, fp32 CPU, {w['timed_steps']} timed steps\n\n"
+        f"### GRPO step time, {result['model']}, {w['workload']} workload: {w['prompts_per_step']} {prompts} x "
+        f"{w['group_size']} samples x {tokens}, LoRA r{w['lora']['r']}, fp32 CPU, {w['timed_steps']} timed steps\n\n"
         + markdown_table(["system", "median s", "IQR s", "min-max s", "rollout median s"], rows)
         + f"\n\nadaptercl / TRL: ratio of medians {result['ratio_of_medians']:.3f}; paired per-step ratio median "
         f"{p['median']:.3f} (min {p['min']:.3f}, max {p['max']:.3f}). Completion length: adaptercl "
         f"{result['completion_len']['adaptercl_mean']:.1f}, TRL {result['completion_len']['trl_mean']}"
-        + ("" if result["fixed_length_ok"] else " (WARNING: not all completions had max_new_tokens tokens)")
+        + (" (WARNING: not all completions had max_new_tokens tokens)" if result["fixed_length_ok"] is False else "")
         + ".\n"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_workload_arguments(parser, prompts_per_step=2)
+    add_workload_arguments(parser, prompts_per_step=2, max_new_tokens=None)
+    parser.add_argument("--workload", choices=["short", "long"], default="short", help="see the module docstring")
+    parser.add_argument("--domain", choices=sorted(LONG_DOMAINS), default="math", help="--workload long: its prompts")
+    parser.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--warmup", type=int, default=2, help="steps of each system left out of the statistics")
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each system")
@@ -367,13 +400,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/perf/results)")
     args = parser.parse_args()
+    args.max_new_tokens = args.max_new_tokens or (48 if args.workload == "short" else 256)
+    if args.workload == "short":
+        args.domain = None
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     info = provenance()
     result = {**info, **run(args)}
-    name = "step_time-" + Path(args.model).name
+    name = "step_time-" + Path(args.model).name + ("-long" if args.workload == "long" else "")
     path = write_result(name, result, args.out)
     print(markdown(result))
     print(f"written: {path}")

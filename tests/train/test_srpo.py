@@ -30,6 +30,7 @@ from adaptercl.run.sequence import run_recipe
 from adaptercl.teacher.prompts import TEACHER_PROMPTS, sdpo_teacher_prompts, srpo_route_stats, srpo_routes
 from adaptercl.train import losses
 from adaptercl.train.distill_targets import distill_targets
+from adaptercl.train.micro_batch_rows import split_order
 from adaptercl.train.srpo import routed_step, teacher_entropy
 from adaptercl.train.step import train_on_batch
 from adaptercl.train.token_terms import ResponseScores
@@ -268,11 +269,14 @@ def test_the_update_is_the_same_for_any_micro_batch_split(tmp_path):
 def test_entropy_weights_are_normalised_over_the_batchs_sdpo_tokens_and_uniform_at_beta_0(tmp_path):
     # chunks of 3 positions: the entropy comes from the hidden states 3 positions at a time
     ctx, batch, _, targets, _, _ = srpo_context(tmp_path, optim={"grad_accum": 3, "logits_chunk_size": 3})
-    routed = routed_step(ctx, batch, targets, micro=6, chunk_size=3)
+    routed = routed_step(ctx, batch, targets, split_order(list(range(16)), 6), chunk_size=3)
     assert [r.tolist() for r in routed.sdpo_rows] == [[1, 3, 4], [0, 1], [2]]  # the SDPO rows of 6, 6 and 4 rows
     weights, masks = [], []
-    for k, rows in enumerate(routed.sdpo_rows):
-        weights.append(routed.weights[k])
+    width = batch.response_mask.shape[1]
+    for k, rows in enumerate(
+        routed.sdpo_rows
+    ):  # each micro-batch's weights [n_t, R'] padded back to R (no token there)
+        weights.append(torch.nn.functional.pad(routed.weights[k], (0, width - routed.weights[k].shape[1])))
         masks.append(targets.mask[k * 6 : (k + 1) * 6][rows])
     weights, masks = torch.cat(weights), torch.cat(masks)  # [6, R] in row order
     assert ((weights * masks).sum() / masks.sum()).item() == pytest.approx(1.0, rel=TOL)
@@ -287,7 +291,7 @@ def test_entropy_weights_are_normalised_over_the_batchs_sdpo_tokens_and_uniform_
     assert routed.grpo_tokens.item() + routed.sdpo_tokens.item() == routed.denominator.item()
 
     uniform = srpo_context(tmp_path / "beta0", srpo={"entropy_beta": 0.0})
-    routed = routed_step(uniform[0], uniform[1], uniform[3], micro=16, chunk_size=None)
+    routed = routed_step(uniform[0], uniform[1], uniform[3], [slice(0, 16)], chunk_size=None)
     assert all(torch.equal(w, torch.ones_like(w)) for w in routed.weights if w is not None)
     assert routed.stats["dw_weight_min"] == routed.stats["dw_weight_max"] == 1.0
 
@@ -331,11 +335,17 @@ DDP_BLOCKS = {"optim": {"grad_accum": 2}}
 def test_the_teacher_forward_runs_on_the_sdpo_routed_rows_only_once_per_step(tmp_path, monkeypatch):
     ctx, batch, advantages, targets, _, _ = srpo_context(tmp_path, optim={"grad_accum": 3}, grpo={"iterations": 2})
     seen, original = [], ctx.teacher.scores
-    monkeypatch.setattr(ctx.teacher, "scores", lambda model, b, *a: seen.append(b.input_ids) or original(model, b, *a))
+    monkeypatch.setattr(ctx.teacher, "scores", lambda model, b, *a: seen.append(b) or original(model, b, *a))
     _, stats = recorded_step(ctx, batch, advantages, targets)
-    assert [rows.shape[0] for rows in seen] == [3, 2, 1]  # micro-batches of 6, 6, 4 rows; two passes, one forward
+    assert [b.input_ids.shape[0] for b in seen] == [3, 2, 1]  # micro-batches of 6, 6, 4 rows; two passes, one forward
+
+    def tokens(b):  # each row's tokens without its padding (a micro-batch is cut to its own rows' width)
+        return [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(b.input_ids, b.attention_mask)]
+
     sdpo = torch.tensor(ROUTES).nonzero().squeeze(-1)
-    assert torch.equal(torch.cat(seen), targets.teacher_batch.input_ids[sdpo])  # exactly those rows, in order
+    assert sorted(t for b in seen for t in tokens(b)) == sorted(
+        tokens(targets.teacher_batch.select(sdpo))
+    )  # those rows
     assert stats["teacher_rows"] == 6
 
 
