@@ -154,6 +154,36 @@ def test_resume_reruns_only_the_removed_stage(finished_run, tmp_path):
     assert f"output_dir: {copy}" in (copy / "recipe.resolved.yaml").read_text()  # recorded where it now is
 
 
+GATED = {"kind": "gated", "refresh_every": 1, "gate_window": 1, "gate_reward_delta": 0.0, "gate_length_eps": 1.0}
+
+
+@pytest.mark.parametrize(
+    "method, teacher", [("sdpo", {"kind": "ema"}), ("hybrid", {"kind": "stage_start"}), ("srpo", GATED)]
+)
+def test_a_distillation_run_resumed_after_its_first_stage_equals_an_uninterrupted_one(tmp_path, method, teacher):
+    # The second stage's fresh adapter draws its initialisation from torch's global RNG after the first stage's
+    # draws. A resume loads the first stage instead of training it, so every draw the first stage makes beyond its
+    # own adapter's (a teacher copy, an EMA's low-rank factors) must be kept out of that RNG, or the resumed second
+    # stage starts from another initialisation than the uninterrupted one.
+    def recipe(out) -> dict:
+        raw = tiny_recipe(out)
+        for stage in raw["stages"]:
+            stage["method"], stage["distill"] = method, {"teacher": dict(teacher)}
+        return raw
+
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    run_recipe(resolve_recipe(recipe(whole)))
+    shutil.copytree(whole, resumed)
+    shutil.rmtree(resumed / "stage-02-two")
+    run_recipe(resolve_recipe(recipe(resumed)))
+    stage = "stage-02-two"
+    files = sorted(p.relative_to(whole / stage) for p in (whole / stage).rglob("*.safetensors"))
+    assert files and files == sorted(p.relative_to(resumed / stage) for p in (resumed / stage).rglob("*.safetensors"))
+    for name in files:  # the stage's adapter and, where the teacher keeps one, the teacher's: byte for byte
+        assert (whole / stage / name).read_bytes() == (resumed / stage / name).read_bytes(), name
+    assert (whole / stage / "samples.jsonl").read_text() == (resumed / stage / "samples.jsonl").read_text()
+
+
 def test_a_different_recipe_is_refused_for_an_existing_run(finished_run):
     out, _, _, _ = finished_run
     from adaptercl.recipe.grammar import RecipeError
