@@ -17,7 +17,7 @@ validated before the first run starts. The modules beside this one: `collect.py`
 the hybrid's goal), `headline.py` the comparison with GRPO (the headline, peak/final/collapse, the general-ability
 delta, learnable stages, the Pareto points), `results.py` writes the tables and `plots.py` the figures. Outputs name
 no path of the machine: the runs folder is `<runs>`, the repo root `.`. `--set KEY=VALUE` overrides base.yaml
-(dotted keys, YAML values), for a smoke test: `--set optim.steps=2 eval.examples_per_domain=8 --out /tmp/smoke`.
+(dotted keys, YAML values), for a smoke test: `--set optim.steps=2 stages.toolcall.optim.steps=2 eval.examples_per_domain=8 --out /tmp/smoke`; a list's entry by name.
 """
 
 from __future__ import annotations
@@ -124,7 +124,8 @@ def merge(base: dict, update: dict) -> dict:
 
 
 def apply_overrides(recipe: dict, overrides: list[str]) -> dict:
-    """`KEY=VALUE` overrides (dotted keys into nested dicts, YAML values) applied to a copy of `recipe`."""
+    """`KEY=VALUE` overrides (dotted keys into nested dicts, a list's entry by its name; YAML values) applied to a
+    copy of `recipe`."""
     out = copy.deepcopy(recipe)
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -133,7 +134,13 @@ def apply_overrides(recipe: dict, overrides: list[str]) -> dict:
         *path, last = key.split(".")
         node = out
         for part in path:
-            node = node.setdefault(part, {})
+            if isinstance(node, list):  # a stage or domain by its name: stages.toolcall.optim.steps=2
+                named = [item for item in node if isinstance(item, dict) and item.get("name") == part]
+                if not named:
+                    raise SystemExit(f"--set {item!r}: no entry named {part!r} in that list")
+                node = named[0]
+            else:
+                node = node.setdefault(part, {})
         node[last] = yaml.safe_load(value)
     return out
 

@@ -173,14 +173,15 @@ def test_method_recipes_are_valid_and_share_the_budget(tmp_path):
                                                 "hybrid"}  # fmt: skip
     for method in sorted(set(science_run.METHODS) - pending):
         recipe = resolve_recipe(science_run.method_recipe(method, 1, tmp_path))
-        stage = recipe.stages[0]
-        sequences = stage.rollout.group_size * stage.optim.prompts_per_step
-        assert (stage.method, sequences, stage.optim.steps, recipe.seed) == (
-            science_run.METHODS[method]["method"],
-            24,
-            12,
-            1,
-        )
+        for stage in recipe.stages:
+            sequences = stage.rollout.group_size * stage.optim.prompts_per_step
+            assert (stage.method, sequences, recipe.seed) == (science_run.METHODS[method]["method"], 24, 1)
+        # the toolcall stage trains 24 steps (its learnable budget, README "Learnable stages"), the others 12
+        assert [(s.domain, s.optim.steps) for s in recipe.stages] == [
+            ("arithmetic", 12),
+            ("mcq", 12),
+            ("toolcall", 24),
+        ]
         assert recipe.eval.examples_per_domain == 100 and recipe.eval.teacher_lift_prompts == 32
         # the retention probes: never trained, read from the shared data folder relative to the repo root
         assert recipe.eval.retention_probes == ["arc", "boolq", "piqa", "winogrande"]
@@ -202,6 +203,11 @@ def test_method_recipes_are_valid_and_share_the_budget(tmp_path):
     assert [d["name"] for d in small["domains"]] == ["arithmetic", "mcq", "toolcall"]  # no probes asked for
     with pytest.raises(SystemExit, match="expected KEY=VALUE"):
         science_run.apply_overrides({}, ["optim.steps"])
+    # a stage by its name: the smoke test's short toolcall stage
+    smoke = science_run.method_recipe("grpo", 0, tmp_path, ["optim.steps=2", "stages.toolcall.optim.steps=2"], None)
+    assert [s["optim"]["steps"] for s in resolve_recipe(smoke).model_dump()["stages"]] == [2, 2, 2]
+    with pytest.raises(SystemExit, match="no entry named 'tool'"):
+        science_run.apply_overrides(smoke, ["stages.tool.optim.steps=2"])
 
 
 def test_preflight_names_missing_probe_files_and_an_invalid_recipe(tmp_path):
