@@ -335,8 +335,8 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     prompt_lengths = [len(encode_chat(ctx.tokenizer, ex.messages)) for ex in ctx.domain.train]
     return {
         "model": args.model,
-        "model_path": model_path,
-        "model_folder": model_note,
+        "model_path": model_path.replace(str(Path.home()), "~"),  # no machine path: the home folder as ~
+        "model_folder": model_note.replace(str(Path.home()), "~"),
         "workload": {k: getattr(args, k) for k in ("workload", "domain", "prompts_per_step", "group_size")}
         | {k: getattr(args, k) for k in ("max_new_tokens", "lr", "seed")}
         | {"prompt_tokens": {"mean": statistics.fmean(prompt_lengths), "max": max(prompt_lengths)}}

@@ -62,7 +62,7 @@ METHODS: dict[str, dict] = {
     "sdpo": {"method": "sdpo", "distill": AUTOCAST},
     # SDPO with the gated teacher (CGTR): frozen, refreshed only on reward gain with a safe length tail. The default
     # 10-step period cannot check within a 12-step stage: a 4-step window and period (baseline after step 4, checks
-    # at 8 and 12); δ and ε the defaults (recipe.method_blocks.TeacherConfig)
+    # at 8 and 12, toolcall on to 24); δ and ε the defaults (recipe.method_blocks.TeacherConfig)
     "sdpo_gated": {
         "method": "sdpo",
         "distill": {"teacher": {"kind": "gated", "refresh_every": 4, "autocast": "auto"}},
