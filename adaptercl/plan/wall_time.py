@@ -21,6 +21,10 @@ this is an upper bound. Both scale with the model's parameters / 7.6 B (Qwen2.5-
 response is taken at the cap and every hybrid row as distilled (the measurement distils every row). A method
 without a measurement of its own takes another's (`STEP_PROXY`, said in the figures).
 
+Prompts: each stage's domain at its measured mean prompt (`PROMPT_TOKENS`, by the domain's format, from the real
+data files with a proxy tokenizer), a domain of another format at an assumed 300 tokens; evaluation and the drift
+probes at the mean over the recipe's domains.
+
 Generation. vLLM: a decode step at batch B on an RTX 4090 is tau(B) = tau_0 + tau_1 B, fitted by least squares to a
 cited bf16 7B sweep (`VLLM_SWEEP`: output tokens/s at 4 to 48 concurrent requests; no credit beyond 48), divided by
 the cited LoRA and bitsandbytes-4-bit throughput ratios (`VLLM_LORA_RATIO`, `VLLM_BNB_RATIO`, assumed independent),
@@ -119,7 +123,15 @@ HF_DECODE_SOURCE = "https://github.com/bitsandbytes-foundation/bitsandbytes/issu
 DEQUANT_BYTES_PER_PARAM = 4.127 / 8 + 2 + 2  # read NF4 + absmax, write bf16, the matmul reads the bf16 weight again
 DRIFT_REPORT_S = {"lowrank": (1.8, 2.1), "exact": (132.0, 132.0)}  # H100: per report, once per run (W0's spectra)
 DRIFT_SOURCE = "benchmarks/perf/drift_7b_shape.md (H100, Qwen2.5-7B's 196 adapted weights)"
-MEAN_PROMPT_TOKENS = 300  # mean prompt of the shipped domains (gsm8k ~150, chemistry MCQ ~300, tool use ~700)
+# Mean prompt tokens of a domain by its format, (mean, prompts counted): the shipped recipes' prompts from the real
+# data files, chat template applied, measured by benchmarks/perf/padding.py with SmolLM2-135M-Instruct's tokenizer (the
+# 7B's own is not available offline: a proxy). A domain of another format is planned at MEAN_PROMPT_TOKENS, assumed.
+PROMPT_TOKENS = {"gsm8k": (98.1, 2000), "sciknoweval": (309.6, 1890), "tooluse": (809.1, 64)}
+PROMPT_TOKENS_SOURCE = (
+    "benchmarks/perf/results/padding.json (SmolLM2-135M-Instruct's tokenizer and chat template as a proxy; every "
+    "gsm8k and sciknoweval train prompt, 64 tooluse prompts)"
+)
+MEAN_PROMPT_TOKENS = 300  # assumed: a domain whose format has no measurement (e.g. the retention probes)
 
 
 @dataclass
@@ -186,11 +198,19 @@ class Timer:
             kv = (vllm_utilization(shape, recipe, card_gib) * card_gib - fixed) * GIB
             self.kv_tokens = max(0.0, kv) / kv_bytes(shape, 1)
 
+    def prompt(self, domain: str) -> float:
+        """Mean prompt tokens of `domain`: measured for its format (`PROMPT_TOKENS`), else assumed."""
+        return PROMPT_TOKENS.get(self.recipe.domain(domain).format or "", (MEAN_PROMPT_TOKENS,))[0]
+
+    def mean_prompt(self) -> float:
+        """Mean prompt tokens over the recipe's domains (evaluation and drift probes ask every domain alike)."""
+        return sum(self.prompt(d.name) for d in self.recipe.domains) / len(self.recipe.domains)
+
     def train_step_s(self, stage: StageConfig, rows: int) -> float:
         n = stage.optim.prompts_per_step * stage.rollout.group_size
         per_mb, per_token = step_constants(stage.method)
         scale = self.params_b / REFERENCE_PARAMS_B
-        tokens = n * (MEAN_PROMPT_TOKENS + stage.rollout.max_new_tokens)
+        tokens = n * (self.prompt(stage.domain) + stage.rollout.max_new_tokens)
         one = math.ceil(n / rows) * per_mb * self.per_mb + tokens * per_token * self.per_token
         return one * scale * stage.grpo.iterations
 
@@ -236,29 +256,30 @@ def estimate_wall_time(
         steps, r = stage.optim.steps, stage.rollout
         n = stage.optim.prompts_per_step * r.group_size
         train += steps * timer.train_step_s(stage, micro)
-        rollout += steps * timer.generate_s(n, MEAN_PROMPT_TOKENS, r.max_new_tokens, batch=n)
+        prompt = timer.prompt(stage.domain)
+        rollout += steps * timer.generate_s(n, prompt, r.max_new_tokens, batch=n)
         if METHODS[stage.method].needs_teacher and cfg.teacher_lift_prompts:
-            lift, context = cfg.teacher_lift_prompts, teacher_prompt_tokens(stage, MEAN_PROMPT_TOKENS)
-            diagnostics += timer.generate_s(lift * r.group_size, MEAN_PROMPT_TOKENS, r.max_new_tokens)
-            diagnostics += timer.generate_s(lift, MEAN_PROMPT_TOKENS, eval_tokens)
+            lift, context = cfg.teacher_lift_prompts, teacher_prompt_tokens(stage, round(prompt))
+            diagnostics += timer.generate_s(lift * r.group_size, prompt, r.max_new_tokens)
+            diagnostics += timer.generate_s(lift, prompt, eval_tokens)
             diagnostics += timer.generate_s(lift * r.group_size, context, eval_tokens)
         if cfg.stage_kl_prompts:
-            diagnostics += timer.generate_s(cfg.stage_kl_prompts, MEAN_PROMPT_TOKENS, r.max_new_tokens)
+            diagnostics += timer.generate_s(cfg.stage_kl_prompts, prompt, r.max_new_tokens)
             batches = math.ceil(
                 cfg.stage_kl_prompts / 4
             )  # measure.policy_divergence.ROWS_PER_FORWARD responses a forward
-            diagnostics += 2 * batches * timer.forward_s(4, MEAN_PROMPT_TOKENS + r.max_new_tokens)
+            diagnostics += 2 * batches * timer.forward_s(4, prompt + r.max_new_tokens)
         every = stage.monitor.drift_every
         drift_reports += int(cfg.parameter_drift) + (steps // every if every else 0)
     if cfg.drift_probes:  # every domain's probes after each stage, then 2 forwards a batch of 4 a domain
-        per_stage = timer.generate_s(cfg.drift_probes * len(recipe.domains), MEAN_PROMPT_TOKENS, eval_tokens)
+        per_stage = timer.generate_s(cfg.drift_probes * len(recipe.domains), timer.mean_prompt(), eval_tokens)
         batches = len(recipe.domains) * math.ceil(cfg.drift_probes / 4)
-        per_stage += 2 * batches * timer.forward_s(4, MEAN_PROMPT_TOKENS + eval_tokens)
+        per_stage += 2 * batches * timer.forward_s(4, timer.mean_prompt() + eval_tokens)
         diagnostics += len(recipe.stages) * per_stage
     per_report, once = timer.drift_s()
     diagnostics += drift_reports * per_report + (once if drift_reports else 0.0)
     examples = cfg.examples_per_domain * len(recipe.domains)
-    evaluation = (len(recipe.stages) + 1) * timer.generate_s(examples, MEAN_PROMPT_TOKENS, eval_tokens)
+    evaluation = (len(recipe.stages) + 1) * timer.generate_s(examples, timer.mean_prompt(), eval_tokens)
     return WallTime(train, rollout, evaluation, diagnostics, timer.card.name, figures(recipe, timer, rows))
 
 
@@ -287,7 +308,7 @@ def figures(recipe: RecipeConfig, timer: Timer, rows: list[int]) -> list[Figure]
         n = recipe.stages[0].optim.prompts_per_step * recipe.stages[0].rollout.group_size
         sweep = "/".join(f"{t:g}" for _, t in VLLM_SWEEP) + " tok/s at " + "/".join(str(b) for b, _ in VLLM_SWEEP)
         tau0, tau1 = vllm_decode_step_s(0), vllm_decode_step_s(1) - vllm_decode_step_s(0)
-        step = timer.generate_s(n, MEAN_PROMPT_TOKENS, 1, batch=n)
+        step = timer.generate_s(n, timer.prompt(recipe.stages[0].domain), 1, batch=n)
         fit = f"{step:.3f} s at batch {n}: tau(B) = {1e3 * tau0:.1f} + {1e3 * tau1:.2f} B ms (least squares), / both"
         out += [
             Figure("vLLM bf16 7B decode", f"{sweep} concurrent requests", "cited", VLLM_SWEEP_SOURCE),
@@ -303,9 +324,13 @@ def figures(recipe: RecipeConfig, timer: Timer, rows: list[int]) -> list[Figure]
             Figure("hf decode step above batch 1", above, "derived", "bitsandbytes dequantises every weight a step"),
         ]
     drift = f"{DRIFT_REPORT_S['lowrank'][0]:g} s lowrank, {DRIFT_REPORT_S['exact'][0]:g} s exact, x {f_tok:.2f}"
-    prompt = f"{MEAN_PROMPT_TOKENS} tokens (gsm8k ~150, chemistry MCQ ~300, tool use ~700)"
-    out += [
-        Figure("parameter drift report on the H100", drift, "measured", DRIFT_SOURCE),
-        Figure("mean prompt", prompt, "assumed", "not measured with the model's tokenizer"),
-    ]
+    out.append(Figure("parameter drift report on the H100", drift, "measured", DRIFT_SOURCE))
+    measured = [d for d in recipe.domains if (d.format or "") in PROMPT_TOKENS]
+    others = [d.name for d in recipe.domains if d not in measured]
+    if measured:
+        value = ", ".join(f"{d.name} {timer.prompt(d.name):.0f}" for d in measured) + " tokens"
+        out.append(Figure("mean prompt per domain", value, "measured", PROMPT_TOKENS_SOURCE))
+    if others:
+        value = f"{MEAN_PROMPT_TOKENS} tokens for {', '.join(others)}"
+        out.append(Figure("mean prompt of the other domains", value, "assumed", "no measurement of their format"))
     return out

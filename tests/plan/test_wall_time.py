@@ -41,6 +41,15 @@ def test_the_step_figures_are_the_h100_measurements():
     assert "H100" in data["machine"]["gpu"]
 
 
+def test_the_prompt_lengths_are_the_padding_measurement():
+    measured = json.loads((REPO / "benchmarks" / "perf" / "results" / "padding.json").read_text())["domains"]
+    as_format = {"math": "gsm8k", "science": "sciknoweval", "tooluse": "tooluse"}  # the recipes' domains
+    for name, fmt in as_format.items():
+        prompts = measured[name]["prompt_tokens"]
+        assert wt.PROMPT_TOKENS[fmt] == (round(prompts["mean"], 1), prompts["n"])
+    assert {d.format for d in hybrid().domains if d.format in wt.PROMPT_TOKENS} == set(as_format.values())
+
+
 def test_the_step_constants_solve_both_measurements():
     """hybrid by hand: C = (1.99744 - 5.84113 / 8) / (7 x 1024) = 1.7680e-4 s a token, A = 5.84113 / 8 - 1024 C =
     0.54910 s a micro-batch; they give back both steps, micro-batch 1 (8 of them) and 8 (one)."""
@@ -70,14 +79,14 @@ def test_the_vllm_decode_step_is_the_least_squares_line_of_the_cited_sweep():
 
 
 def test_a_training_step_on_the_card_by_hand():
-    """hybrid.yaml's tooluse stage at micro-batch 7: 32 sequences of 300 + 384 tokens = ceil(32 / 7) = 5
-    micro-batches x A x 3350 / 1008 + 32 x 684 x C x 989.4 / 165.2, x 7.62 / 7.6 B."""
+    """hybrid.yaml's tooluse stage at micro-batch 7: 32 sequences of 809.1 (ToolAlpaca's measured mean prompt) +
+    384 tokens = ceil(32 / 7) = 5 micro-batches x A x 3350 / 1008 + 32 x 1193.1 x C x 989.4 / 165.2, x 7.62 / 7.6 B."""
     recipe = hybrid()
     timer = wt.Timer(recipe, SHAPE_7B, 24, wt.CARDS["rtx4090"])
     a, c = wt.step_constants("hybrid")
-    by_hand = (5 * a * 3350 / 1008 + 32 * 684 * c * 989.4 / 165.2) * PARAMS_7B / 7.6
+    by_hand = (5 * a * 3350 / 1008 + 32 * 1193.1 * c * 989.4 / 165.2) * PARAMS_7B / 7.6
     assert timer.train_step_s(recipe.stages[2], 7) == pytest.approx(by_hand, rel=1e-12)
-    assert by_hand == pytest.approx(32.4, abs=0.1)
+    assert by_hand == pytest.approx(49.7, abs=0.1)
     twice = hybrid("grpo.iterations=2")
     assert wt.Timer(twice, SHAPE_7B, 24, wt.CARDS["rtx4090"]).train_step_s(twice.stages[2], 7) == pytest.approx(
         2 * by_hand, rel=1e-12
@@ -114,11 +123,16 @@ def test_the_recipe_estimate_adds_its_parts_by_hand():
     rows = [7, 7, 7]
     wall = wt.estimate_wall_time(recipe, SHAPE_7B, rows)
     timer = wt.Timer(recipe, SHAPE_7B, 24, wt.CARDS["rtx4090"])
+    # mean prompts: the three trained domains measured (gsm8k, SciKnowEval, ToolAlpaca), the four probes assumed
+    prompts = [98.1, 309.6, 809.1]
+    assert [timer.prompt(s.domain) for s in recipe.stages] == prompts
+    every_domain = (sum(prompts) + 4 * 300) / 7
+    assert timer.mean_prompt() == pytest.approx(every_domain)
     assert wall.train_s == pytest.approx(sum(150 * timer.train_step_s(s, 7) for s in recipe.stages))
-    assert wall.rollout_s == pytest.approx(3 * 150 * timer.generate_s(32, 300, 384, batch=32))
-    assert wall.eval_s == pytest.approx(4 * timer.generate_s(7 * 100, 300, 384))
-    stage_kl = timer.generate_s(16, 300, 384) + 2 * 4 * timer.forward_s(4, 684)
-    assert wall.diagnostics_s == pytest.approx(3 * stage_kl)
+    assert wall.rollout_s == pytest.approx(sum(150 * timer.generate_s(32, p, 384, batch=32) for p in prompts))
+    assert wall.eval_s == pytest.approx(4 * timer.generate_s(7 * 100, every_domain, 384))
+    stage_kl = [timer.generate_s(16, p, 384) + 2 * 4 * timer.forward_s(4, p + 384) for p in prompts]
+    assert wall.diagnostics_s == pytest.approx(sum(stage_kl))
     a, c = wt.step_constants("grpo")  # a forward: a quarter of GRPO's step
     assert timer.forward_s(4, 684) == pytest.approx(
         (a * 3350 / 1008 + 4 * 684 * c * 989.4 / 165.2) / 4 * PARAMS_7B / 7.6
