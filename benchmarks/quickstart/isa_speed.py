@@ -4,7 +4,8 @@ auto` gives the teacher on a CPU with AMX or AVX512-BF16). Run it twice to compa
 once as an AVX2-only CPU computes:
 
     HF_HUB_OFFLINE=1 python benchmarks/quickstart/isa_speed.py
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2 HF_HUB_OFFLINE=1 python benchmarks/quickstart/isa_speed.py
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2 HF_HUB_OFFLINE=1 \
+        python benchmarks/quickstart/isa_speed.py
 
 Shapes as in the quickstart's training step: a forward of 12 rows x 160 tokens (the student's or the teacher's
 micro-batch of responses after their prompts), a decode step of 24 rows (4 prompts x 6 samples) over a 100-token
