@@ -17,7 +17,8 @@ validated before the first run starts. The modules beside this one: `collect.py`
 the hybrid's goal), `headline.py` the comparison with GRPO (the headline, peak/final/collapse, the general-ability
 delta, learnable stages, the Pareto points), `results.py` writes the tables and `plots.py` the figures. Outputs name
 no path of the machine: the runs folder is `<runs>`, the repo root `.`. `--set KEY=VALUE` overrides base.yaml
-(dotted keys, YAML values), for a smoke test: `--set optim.steps=2 stages.toolcall.optim.steps=2 eval.examples_per_domain=8 --out /tmp/smoke`; a list's entry by name.
+(dotted keys, a list's entry by its name, YAML values), for a smoke test: `--set optim.steps=2
+stages.toolcall.optim.steps=2 eval.examples_per_domain=8 --out /tmp/smoke`.
 """
 
 from __future__ import annotations
