@@ -6,6 +6,7 @@ What a record holds, and where from (layout: adaptercl/run_dir/layout.py):
 - stage_kl[k−1]: drift.json `stage_kl` of stage k (forward KL from the previous stage's policy on stage k's train
   prompts), None where it was off.
 - teacher_lift[k−1]: stage k's teacher_lift.json (None for a method without a self-teacher).
+- signals[k−1]: stage k's per-step training traces of `signals.SIGNALS` (reward, route shares, refreshes).
 - the final stage's parameter and response drift, the collapse guard's events, the largest in-stage reward drop,
   training minutes, and the run's provenance (`<run>.run.json`, written by run.py: revision, command, wall time).
 """
@@ -15,6 +16,8 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+
+from signals import stage_traces
 
 
 def collect_runs(runs_dir: Path, methods: list[str], seeds: list[int]) -> tuple[list[dict], list[str]]:
@@ -40,7 +43,7 @@ def collect_run(run_dir: Path, method: str, seed: int) -> dict | None:
     missing = [stage for stage, row in zip(stage_dirs, rows) if any("correct" not in row[d] for d in domains)]
     if missing:
         raise SystemExit(f"{run_dir}: eval.json of {missing[0]} has no per-example `correct` (a run older than it)")
-    stage_kl, lift, events, drops, train_seconds = [], [], [], [], 0.0
+    stage_kl, lift, events, drops, signals, train_seconds = [], [], [], [], [], 0.0
     for stage in stage_dirs[1:]:
         drift = json.loads((run_dir / stage / "drift.json").read_text())
         stage_kl.append(drift.get("stage_kl"))
@@ -50,6 +53,7 @@ def collect_run(run_dir: Path, method: str, seed: int) -> dict | None:
         metrics = [json.loads(line) for line in lines if line]
         events += [f"{stage} step {r['step']}: {r['event']} ({r['action']})" for r in metrics if "event" in r]
         drops.append(reward_drop([r["reward_mean"] for r in metrics if "event" not in r]))
+        signals.append(stage_traces(metrics))
         train_seconds += json.loads((run_dir / stage / "done.json").read_text())["train_seconds"]
     parameter = drift.get("parameter", {}).get("aggregate", {})  # the final stage's drift vs the base
     response = drift.get("response", {})
@@ -76,6 +80,7 @@ def collect_run(run_dir: Path, method: str, seed: int) -> dict | None:
         "foreign_format_rate": response_mean("foreign_format_rate"),
         "guard_events": events,
         "reward_drop": max(drops),
+        "signals": signals,  # [K][key] -> per-step values (signals.SIGNALS)
         "train_minutes": train_seconds / 60,
         "provenance": provenance,  # git, command, started_at, load_average_at_start, exit, wall_s
     }

@@ -14,6 +14,7 @@ from typing import Any
 from analysis import hybrid_goal, kl_vs_forgetting, paper_checks, summarise, teacher_lift_table
 from headline import general_delta, learnable_stages, pareto_points, peak_final, versus_reference
 from plots import pareto, plot
+from signals import signal_table, signals_md
 from provenance import command, git_revision, machine, versions
 
 from adaptercl.system.atomic import write_json, write_text
@@ -70,6 +71,7 @@ def write_results(
         "pareto": pareto_points(summary, reference),
         "summary": summary,
         "teacher_lift": lift_rows,
+        "training_signals": signal_table(runs),
         "kl_vs_forgetting": kl_vs_forgetting(summary, runs, resamples),
         "paper_checks": paper_checks(summary, draws, lift_rows),
         "hybrid_goal": hybrid_goal(summary, draws, sdpo_variants),
@@ -172,6 +174,7 @@ def markdown(data: dict, runs: dict[str, dict[int, dict]]) -> str:
         L.append("")
     L += headline_md(data)
     L += teacher_lift_md(data["teacher_lift"])
+    L += signals_md(data["training_signals"])
     L += kl_md(data["kl_vs_forgetting"])
     L += [
         "## The paper's directions, as measured here",

@@ -22,6 +22,7 @@ analysis = sys.modules.get("analysis") or importlib.import_module("analysis")
 collect = importlib.import_module("collect")
 results = importlib.import_module("results")
 headline = importlib.import_module("headline")
+signals = importlib.import_module("signals")
 
 N = 10  # eval examples per domain
 STAGES = ["stage-00-before", "stage-01-a", "stage-02-b"]
@@ -47,6 +48,9 @@ def make_run(runs: Path, method: str, seed: int, final_a: int, kl: float, drift:
         parameter = {"aggregate": {"relative_delta_norm_mean": drift}}
         (d / "drift.json").write_text(json.dumps({"stage_kl": stage_kl, "parameter": parameter, "response": response}))
         steps = [{"step": i + 1, "reward_mean": r} for i, r in enumerate([0.2, 0.4, 0.6, 0.6, 0.6, 0.6])]
+        if method == "sdpo":  # a route share on every step but the 2nd (0.0 .. 0.5), a teacher refresh at step 4
+            for i, row in enumerate(steps):
+                row.update({"sdpo_route_frac": i / 10} if i != 1 else {}, teacher_refresh=float(i == 3))
         event = {"event": "reward_collapse", "action": "warn", "step": 6, "message": "m"}
         (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in steps + [event] * (method == "sdpo")))
         (d / "done.json").write_text(json.dumps({"train_seconds": 60.0}))
@@ -89,6 +93,23 @@ def test_collect_reads_correctness_kl_lift_and_provenance(runs):
     assert grpo0["reward_drop"] == 0.0 and grpo0["train_minutes"] == 2.0 and grpo0["provenance"]["wall_s"] == 90.0
     sdpo0 = records[2]
     assert sdpo0["guard_events"] == [f"{s} step 6: reward_collapse (warn)" for s in STAGES[1:]]
+
+
+def test_training_signals_per_stage_by_hand(runs):
+    records, _ = collect.collect_runs(runs, ["grpo", "sdpo"], [0, 1])
+    sdpo0 = records[2]
+    assert sdpo0["signals"][0]["sdpo_route_frac"] == [0.0, None, 0.2, 0.3, 0.4, 0.5]
+    assert "sdpo_route_frac" not in records[0]["signals"][0]  # grpo logs none
+    by: dict = {}
+    for r in records:
+        by.setdefault(r["method"], {})[r["seed"]] = r
+    rows = {(r["method"], r["stage"]): r["signals"] for r in signals.signal_table(by)}
+    # 6 steps: thirds of 2 steps; reward 0.2, 0.4 | .. | 0.6, 0.6; the route share's 2nd step is missing, not 0
+    assert rows["grpo", "a"] == {"reward_mean": [pytest.approx(0.3), 0.6]}
+    assert rows["sdpo", "b"]["sdpo_route_frac"] == [0.0, pytest.approx(0.45)]
+    assert rows["sdpo", "b"]["teacher_refresh"] == 1.0
+    md = "\n".join(signals.signals_md(signals.signal_table(by)))
+    assert "| sdpo | b | 0.30 → 0.60 | 0.00 → 0.45 | 1.0 |" in md and "| grpo | a | 0.30 → 0.60 | – | – |" in md
 
 
 def test_statistics_by_hand(runs):
