@@ -14,8 +14,8 @@ from typing import Any
 from analysis import hybrid_goal, kl_vs_forgetting, paper_checks, summarise, teacher_lift_table
 from headline import general_delta, learnable_stages, pareto_points, peak_final, versus_reference
 from plots import pareto, plot
-from signals import signal_table, signals_md
 from provenance import command, git_revision, machine, versions
+from signals import signal_table, signals_md
 
 from adaptercl.system.atomic import write_json, write_text
 
