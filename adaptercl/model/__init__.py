@@ -1,8 +1,8 @@
 """The base model and its forwards: loading (built-in aliases, hub ids, local folders, GGUF; NF4 or plain: `base.py`),
 its shape and what its parts weigh, read from its config (`shapes.py`), which decoder layers `lora.layers` names
 (`lora_layers.py`, without loading a weight), token batches and the logits or hidden states at their response
-positions (`batching.py`: `TokenBatch`, `ResponseScores`), and prompt prefixes computed once for rows that begin alike
-(`prefix_sharing.py`).
+positions (`batching.py`: `TokenBatch`, `ResponseScores`), prompt prefixes computed once for rows that begin alike
+(`prefix_sharing.py`), and the activation checkpointing of training forwards (`checkpointing.py`).
 """
 
 from importlib import import_module
@@ -10,11 +10,11 @@ from importlib import import_module
 # name other folders use -> the module of this folder that defines it; a name equal to its module's is the module
 # itself. Imported on first use: importing the folder loads nothing.
 _EXPORTS = {
-    "activation_checkpointing": "base",
+    "activation_checkpointing": "checkpointing",
     "card_gib": "base",
     "decoder_and_head": "base",
     "load_base": "base",
-    "resolve_activation_checkpointing": "base",
+    "resolve_activation_checkpointing": "checkpointing",
     "resolve_model_path": "base",
     "servable_base_path": "base",
     "ResponseScores": "batching",

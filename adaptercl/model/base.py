@@ -19,9 +19,7 @@ Quantization `auto` means NF4 on CUDA and none on CPU; `nf4` on CPU works throug
 the workaround for its eval-then-train bug (`_disable_cpu_bf16_fast_path`).
 
 The training step's view of a loaded model: `decoder_and_head` (the decoder stack and the LM head, for losses that
-compute logits a chunk at a time) and `activation_checkpointing` (transformers' per-layer checkpointing for the
-span of a training step, non-reentrant: it needs no `enable_input_require_grads`, under PEFT and NF4 alike, and
-LoRA dropout is replayed with the same RNG state).
+compute logits a chunk at a time); its activation checkpointing is `checkpointing.py`.
 """
 
 from __future__ import annotations
@@ -137,35 +135,6 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
             f"({type(head).__name__}); set optim.logits_chunk_size: off"
         )
     return base.get_decoder(), head
-
-
-def resolve_activation_checkpointing(setting: str | bool, device: torch.device) -> bool:
-    """`optim.activation_checkpointing`: auto = on for CUDA, off elsewhere."""
-    return device.type == "cuda" if setting == "auto" else bool(setting)
-
-
-@contextmanager
-def activation_checkpointing(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
-    """The body's training forwards checkpoint every decoder layer (non-reentrant) when `enabled`; off after."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not enabled:
-        yield
-        return
-    if hasattr(base, "activation_checkpointing_enable"):  # the name since transformers 5.x; the older one warns
-        base.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        disable = base.activation_checkpointing_disable
-    else:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        disable = base.gradient_checkpointing_disable
-    try:
-        yield
-    finally:
-        disable()
-
-
-def checkpointing_active(model: torch.nn.Module) -> bool:
-    """Whether a forward of `model` now runs its layers under activation checkpointing (on and training)."""
-    return model.training and any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
 def _compute_dtype(name: str, device: torch.device) -> torch.dtype:

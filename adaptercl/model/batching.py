@@ -7,23 +7,21 @@ stopped before the LM head (the final hidden states of those positions), for los
 positions at a time (`train/token_terms.py`); `response_scores` returns one or the other as `ResponseScores`, the
 student's, the teacher's and the previous stage's policy's alike.
 
-Prefix sharing runs the prefixes with a key/value cache; transformers' activation checkpointing drops the cache
-inside checkpointed layers (its recompute would append to the cache a second time), so while the model trains under
-checkpointing (`base.activation_checkpointing`) both forwards take the plain layout, and say so once in the log.
+Prefix sharing runs the prefixes with a key/value cache; while the model trains under activation checkpointing
+(`checkpointing.py`) that cache is a `prefix_sharing.ReplayableCache`, whose recompute in backward gives the first
+pass's tensors.
 """
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from adaptercl.model.base import checkpointing_active, decoder_and_head
+from adaptercl.model.base import decoder_and_head
+from adaptercl.model.checkpointing import checkpointing_active
 from adaptercl.model.prefix_sharing import prefill, prefix_layout
-
-log = logging.getLogger(__name__)
 
 
 def at_least_float32(x: torch.Tensor) -> torch.Tensor:
@@ -106,7 +104,7 @@ def response_logits(
     and its response. That path is taken when it computes fewer (padded) tokens than the plain forward; both give
     the same logits up to float rounding.
     """
-    logits = _prefix_shared_logits(model, batch) if _shares_prefixes(model, share_prompts) else None
+    logits = _prefix_shared_logits(model, batch) if share_prompts else None
     if logits is None:
         logits = _plain_response_logits(model, batch)
     # At temperature 1 (the default) this skips a pass over [N, R, V] forward and another in backward.
@@ -118,7 +116,7 @@ def response_hidden(model: torch.nn.Module, batch: TokenBatch, share_prompts: bo
     in the model's dtype; `response_logits` = LM head of these, / temperature, in float32."""
     r_width = batch.response_ids.shape[1]
     decoder, _ = decoder_and_head(model)
-    hidden = _prefix_shared_hidden(decoder, batch) if _shares_prefixes(model, share_prompts) else None
+    hidden = _prefix_shared_hidden(decoder, batch) if share_prompts else None
     if hidden is not None:
         return hidden
     out = decoder(
@@ -154,23 +152,6 @@ def response_scores(
         return ResponseScores(logits=response_logits(model, batch, temperature=temperature))
     _, head = decoder_and_head(model)
     return ResponseScores(hidden=response_hidden(model, batch), head=head, temperature=temperature)
-
-
-_logged_checkpointing = False
-
-
-def _shares_prefixes(model: torch.nn.Module, share_prompts: bool) -> bool:
-    """`share_prompts`, unless the model trains under activation checkpointing (see the module docstring)."""
-    global _logged_checkpointing
-    if share_prompts and checkpointing_active(model):
-        if not _logged_checkpointing:
-            log.info(
-                "training forward without prompt-prefix sharing: activation checkpointing drops the key/value cache "
-                "it relies on (teacher and no-grad eval-mode forwards still share prefixes)"
-            )
-            _logged_checkpointing = True
-        return False
-    return share_prompts
 
 
 def _plain_response_logits(model: torch.nn.Module, batch: TokenBatch) -> torch.Tensor:
@@ -211,7 +192,8 @@ def _prefix_shared_forward(model: torch.nn.Module, batch: TokenBatch, logits_to_
         return None
     rest_ids = torch.cat([layout.own_ids, batch.input_ids[:, p_width:-1]], dim=1)  # [N, S+R-1]
     rest_mask = torch.cat([layout.own_mask, batch.attention_mask[:, p_width:-1]], dim=1)
-    return prefill(model, layout, rest_ids, rest_mask, logits_to_keep=logits_to_keep)
+    replayable = checkpointing_active(model)  # a training forward whose layers backward recomputes
+    return prefill(model, layout, rest_ids, rest_mask, logits_to_keep=logits_to_keep, replayable=replayable)
 
 
 def encode_chat(tokenizer, messages: list[dict[str, str]]) -> list[int]:

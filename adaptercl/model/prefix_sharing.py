@@ -10,6 +10,14 @@ Both the training forward (`batching.response_logits`) and the rollout prefill (
 own tokens are left-padded, so the cache is followed by masked padding and then the row's tokens; positions follow
 the attention mask, so each row sees exactly its own prompt and gets the same logits as alone, up to rounding.
 
+Under activation checkpointing (`checkpointing.py`) a training forward's layers are recomputed in backward, and a
+cache that appends would append twice. `prefill(..., replayable=True)` (what `batching` passes while the model
+trains under checkpointing) uses a `ReplayableCache` instead: the prefix call records each layer's keys and values
+once (a recompute returns its own states, as the first pass did with the empty cache), and the rows' call reads
+the prefix through a read-only view without appending (returns prefix ‖ own states), so every recompute sees
+exactly the first pass's tensors. Its output's cache then holds the prefixes only: the rollout's prefill, which
+continues decoding from the cache, keeps the plain appending one.
+
 The key/value cache goes by the name of the installed transformers (`CACHE`): transformers 5.24 renamed
 `past_key_values` to `cache`, as the argument of `forward` and `generate` and as the output's field; the old name
 still works there but warns (FutureWarning) on every call. `output_cache(out)` reads it from an output.
@@ -21,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -29,6 +38,35 @@ CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "
 def output_cache(out: Any) -> Any:
     """The key/value cache of a model output (a transformers `Cache`), by this transformers' name for it."""
     return getattr(out, CACHE)
+
+
+class ReplayableCache(DynamicCache):
+    """A key/value cache whose `update` returns the same tensors when a checkpointed layer is recomputed.
+
+    Recording (a fresh cache, the prefix call's): a layer's first update stores its states (as DynamicCache does on
+    an empty layer) and a later update of that layer, the recompute, returns its own states unchanged. Read-only
+    (`reader()`, the rows' call's, a second object over the same layers, so the prefix call's recompute still
+    records): an update returns the stored prefix ‖ the new states ([B, heads, C+T, d]) and stores nothing, so the
+    cache's length stays the prefix's on every pass.
+    """
+
+    def __init__(self, read_only: bool = False) -> None:
+        super().__init__()
+        self.read_only = read_only
+
+    def reader(self) -> ReplayableCache:
+        """A read-only cache over this one's layers (their keys and values as they are now, e.g. repeated per row)."""
+        reader = ReplayableCache(read_only=True)
+        reader.layers = list(self.layers)
+        return reader
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        if self.read_only:
+            layer = self.layers[layer_idx]
+            return torch.cat([layer.keys, key_states], dim=-2), torch.cat([layer.values, value_states], dim=-2)
+        if layer_idx < len(self.layers) and self.layers[layer_idx].is_initialized:
+            return key_states, value_states  # the recompute of the recording call: the layer was empty then
+        return super().update(key_states, value_states, layer_idx, *args, **kwargs)
 
 
 def shared_prefix_runs(prompts: list[list[int]]) -> tuple[list[int], list[int]]:
@@ -124,6 +162,7 @@ def prefill(
     rest_ids: torch.Tensor,
     rest_mask: torch.Tensor,
     logits_to_keep: int | None,
+    replayable: bool = False,
 ):
     """Run the U prefixes once, repeat their cache for the rows of each run, then run `rest_ids` over it.
 
@@ -131,8 +170,10 @@ def prefill(
     forward, its own tokens but the last for a rollout prefill (T may be 0). Returns the model output of the
     second call, whose cache holds [prefix | rest] per row, or the prefix call's output (its cache
     repeated) when T is 0. `model` may also be the bare decoder (no LM head: `logits_to_keep` None), whose output
-    carries `last_hidden_state` instead of logits.
+    carries `last_hidden_state` instead of logits. `replayable`: a `ReplayableCache` (a training forward under
+    activation checkpointing; the second call's cache then holds the prefixes only).
     """
+    cache = {CACHE: ReplayableCache()} if replayable else {}
     head = {} if logits_to_keep is None else {"logits_to_keep": 1}  # no logits needed; 1 is the fewest computed
     prefix_mask = layout.prefix_mask  # [U, C]
     prefix_out = model(
@@ -140,9 +181,11 @@ def prefill(
         attention_mask=prefix_mask,
         position_ids=(prefix_mask.cumsum(-1) - 1).clamp(min=0),
         use_cache=True,
+        **cache,
         **head,
     )
-    output_cache(prefix_out).batch_repeat_interleave(layout.counts)  # [U, ...] -> [N, ...], differentiable
+    prefix_cache = output_cache(prefix_out)
+    prefix_cache.batch_repeat_interleave(layout.counts)  # [U, ...] -> [N, ...], differentiable
     if rest_ids.shape[1] == 0:
         return prefix_out
     mask = torch.cat([prefix_mask.repeat_interleave(layout.counts, dim=0), rest_mask], dim=1)  # [N, C+T]
@@ -151,6 +194,6 @@ def prefill(
         attention_mask=mask,
         position_ids=(mask.cumsum(-1) - 1).clamp(min=0)[:, prefix_mask.shape[1] :],  # [N, T]
         use_cache=True,
-        **{CACHE: output_cache(prefix_out)},
+        **{CACHE: prefix_cache.reader() if replayable else prefix_cache},
         **({} if logits_to_keep is None else {"logits_to_keep": logits_to_keep}),
     )

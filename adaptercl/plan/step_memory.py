@@ -2,7 +2,11 @@
 
     terms = train_terms(shape, "nf4", train_workload(shape, stage, index, prompt=1024, rows=8))
 
-One micro-batch of `rows` sequences of T = prompt + response tokens (R response tokens):
+One micro-batch of `rows` sequences of T = prompt + response tokens (R response tokens), every row's prompt counted:
+the training forward computes a group's shared prompt once (`model/prefix_sharing.py`) and keeps its key/value cache
+repeated per row instead, 4 x kv_heads x head_dim bytes a token and layer against the 2 x hidden of a layer input
+it saves (Qwen2.5-7B: 2 KiB against 7 KiB), so the plain layout counted here is an upper bound wherever a
+micro-batch holds at least 1.4 rows per prompt (U / N <= 5/7; the shipped recipes' groups of 8 hold 3.5 or more):
 
     base       NF4 linears at 4.127 bits/param (`model.shapes.base_bytes`) + bf16 embeddings, lm_head, norms
     adapters   trainable LoRA x (4 weight + 4 grad + 8 AdamW) bytes, frozen adapters (earlier stages', the

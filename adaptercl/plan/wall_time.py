@@ -6,10 +6,16 @@
 Owns the time model; each figure it uses is a `Figure` with its kind and source, and `render` lists them. No torch.
 
 Training (measured on an H100, `STEPS`: cuda_7b_memory.json, 8 sequences x 1,024 tokens, checkpointing and
-1,024-position logit chunks, the step's median at micro-batch 1 and at micro-batch 8). A step of n sequences of
-T tokens in micro-batches of b rows costs
+1,024-position logit chunks, the step's median at micro-batch 1 and at micro-batch 8). A step of n sequences
+(G samples of each of n / G prompts of P tokens, responses of R) in micro-batches of b rows costs
 
-    t(b) = ceil(n / b) x A + n x T x C                                          (H100 seconds)
+    t(b) = ceil(n / b) x A + (U(b) x P + n x R) x C                              (H100 seconds)
+
+U(b) x P + n x R the positions its forwards compute: each micro-batch runs the prompt of each group it holds once
+(`model/prefix_sharing.py`, also under activation checkpointing), so U(b) counts the (micro-batch, group) pairs of the
+rows in rollout order (`prefix_runs`; `train/micro_batch_rows.py` takes that order or a cheaper one, so this is an
+upper bound). The measurement's 8 sequences ran the plain layout (checkpointing then turned sharing off), 8 x 1,024
+positions, so C is a cost per position computed.
 
 A per micro-batch (what does not grow with its rows: the NF4 weights dequantised in each forward, recomputed forward
 and backward, kernel launches) and C per token. The two measurements give both exactly (two equations, two
@@ -175,6 +181,12 @@ def step_constants(method: str) -> tuple[float, float]:
     return t1 / MEASURED_SEQUENCES - MEASURED_TOKENS * per_token, per_token
 
 
+def prefix_runs(sequences: int, rows: int, group: int) -> int:
+    """U(b): the (micro-batch, group) pairs of a step's `sequences` in rollout order (groups of `group` side by side)
+    cut into micro-batches of `rows`: how many prompts its shared-prefix forwards compute."""
+    return sum(len({i // group for i in range(s, min(sequences, s + rows))}) for s in range(0, sequences, rows))
+
+
 def vllm_decode_step_s(batch: int) -> float:
     """tau(B) of the cited bf16 sweep: least squares of B / (tokens/s) on B."""
     xs, ys = [b for b, _ in VLLM_SWEEP], [b / tps for b, tps in VLLM_SWEEP]
@@ -207,10 +219,11 @@ class Timer:
         return sum(self.prompt(d.name) for d in self.recipe.domains) / len(self.recipe.domains)
 
     def train_step_s(self, stage: StageConfig, rows: int) -> float:
-        n = stage.optim.prompts_per_step * stage.rollout.group_size
+        group = stage.rollout.group_size
+        n = stage.optim.prompts_per_step * group
         per_mb, per_token = step_constants(stage.method)
         scale = self.params_b / REFERENCE_PARAMS_B
-        tokens = n * (self.prompt(stage.domain) + stage.rollout.max_new_tokens)
+        tokens = prefix_runs(n, rows, group) * self.prompt(stage.domain) + n * stage.rollout.max_new_tokens
         one = math.ceil(n / rows) * per_mb * self.per_mb + tokens * per_token * self.per_token
         return one * scale * stage.grpo.iterations
 
@@ -303,7 +316,7 @@ def figures(recipe: RecipeConfig, timer: Timer, rows: list[int]) -> list[Figure]
     steps = ", ".join(
         f"{s.name} {timer.train_step_s(s, r):.1f} s (micro-batch {r})" for s, r in zip(recipe.stages, rows)
     )
-    out.append(Figure("training step on the card", steps, "derived", "ceil(n / b) A + n T C, scaled"))
+    out.append(Figure("training step on the card", steps, "derived", "ceil(n / b) A + (U(b) P + n R) C, scaled"))
     if timer.engine == "vllm":
         n = recipe.stages[0].optim.prompts_per_step * recipe.stages[0].rollout.group_size
         sweep = "/".join(f"{t:g}" for _, t in VLLM_SWEEP) + " tok/s at " + "/".join(str(b) for b, _ in VLLM_SWEEP)

@@ -86,8 +86,8 @@ def cut(batch: TokenBatch, rows: Rows, parts: int, response_width: int | None = 
 
 def micro_batch_rows(batch: TokenBatch, micro: int, share_prompts: bool) -> tuple[str, list[Rows]]:
     """The name of the cheapest of `ORDERS` for micro-batches of `micro` rows of `batch` (see the module docstring),
-    and its micro-batches' rows. `share_prompts`: whether the training forward shares prompt prefixes (not under
-    activation checkpointing, `batching._shares_prefixes`)."""
+    and its micro-batches' rows. `share_prompts`: whether the training forward shares prompt prefixes (the step's
+    does, with or without activation checkpointing)."""
     n = batch.input_ids.shape[0]
     if micro >= n:
         return "rollout", [slice(0, n)]

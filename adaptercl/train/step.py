@@ -34,7 +34,7 @@ per-token quantities (log-probs, entropies, KL to the previous stage, the diverg
 `token_terms.token_terms`: with `optim.logits_chunk_size` (auto: 1024 on CUDA) only a chunk of positions'
 full-vocabulary logits exists at a time, forward and backward; off (the CPU default) the student's, the teacher's
 and the previous policy's logits are full [n_mb, R, V] float32. `optim.activation_checkpointing` (auto: on for CUDA)
-recomputes each decoder layer in backward during the step (`model.base.activation_checkpointing`).
+recomputes each decoder layer in backward during the step (`model.checkpointing`; prompt prefixes are still shared).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def train_on_batch(
     chunk = resolve_logits_chunk_size(stage.optim.logits_chunk_size, device)
     checkpointing = resolve_activation_checkpointing(stage.optim.activation_checkpointing, device)
     # which rows go together; each micro-batch is then cut to its own rows' longest prompt and response
-    _, parts = micro_batch_rows(batch, micro, share_prompts=not checkpointing)
+    _, parts = micro_batch_rows(batch, micro, share_prompts=True)
     routed = None
     if spec.sample_routed:  # srpo: its teacher forward, entropy weights and shared denominator, before any backward
         routed = routed_step(ctx, batch, targets, parts, chunk)

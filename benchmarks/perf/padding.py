@@ -16,8 +16,9 @@ own, sampled by adaptercl's transformers engine at T=1, top-p 1, 384 new tokens 
 measured ones are recorded per row in the JSON so the figures can be recomputed.
 
 Counted, per micro-batch: the positions the student's training forward computes (`micro_batch_rows.forward_positions`)
-in the two layouts it takes: `plain` (on CUDA, where activation checkpointing is on by default, the [n, P+R] layout)
-and `prefix` (the CPU default: a group's shared prompt computed once, `prefix_sharing.py`). Before: every micro-batch
+in two layouts: `plain` (the [n, P+R] layout, which CUDA took until prefix sharing worked under activation
+checkpointing) and `prefix` (a group's shared prompt computed once, `prefix_sharing.py`: the training step's layout on
+every device, wherever it computes fewer positions). Before: every micro-batch
 in rollout order and as wide as the whole batch (its longest prompt + longest response: `batch.select(rows)` kept
 every column). After: what train/step.py now does: `micro_batch_rows` picks the cheapest order and each micro-batch
 is cut to its own rows (`trim_padding`). `real` = prompt + response tokens of the rows; `positions / real` > 1 is
@@ -181,8 +182,9 @@ def markdown(result: dict[str, Any]) -> str:
         "# Padding in the training step: positions computed ÷ real tokens",
         "",
         f"Recipes' workload: {PROMPTS_PER_STEP} prompts x {GROUP} samples, responses <= {MAX_NEW_TOKENS} tokens; "
-        f"lengths: {result['lengths_source']}. Machine and versions: padding.json. `plain`: the CUDA layout "
-        "(activation checkpointing on); `prefix`: the CPU default (shared prompts computed once).",
+        f"lengths: {result['lengths_source']}. Machine and versions: padding.json. `plain`: every row's prompt "
+        "computed (CUDA's layout until prefix sharing worked under activation checkpointing); `prefix`: a group's "
+        "prompt computed once per micro-batch (the training step's layout on every device now).",
         "",
     ]
     for name, row in result["domains"].items():
@@ -235,9 +237,11 @@ def main() -> None:
         earlier = json.loads(args.lengths.read_text())
         sampled, source = earlier["sampled"], earlier["lengths_source"]
         sampled_by = earlier.get("sampled_by") or {k: earlier[k] for k in ("command", "machine", "versions")}
+        sampling_s = earlier["sampling_s"]  # the sampling run's, not this recount's
     else:
         sampled_by = None  # this run
         sampled = sample_lengths(domains, args.steps)
+        sampling_s = time.perf_counter() - t0
         source = (
             f"prompts tokenised by {MODEL}'s tokenizer and chat template; responses sampled from {MODEL} by "
             f"adaptercl's transformers engine (T=1, top-p 1, <= {MAX_NEW_TOKENS} new tokens), {args.steps} steps "
@@ -247,7 +251,7 @@ def main() -> None:
         **info,
         "lengths_source": source,
         "sampled_by": sampled_by,
-        "sampling_s": time.perf_counter() - t0,
+        "sampling_s": sampling_s,
         "workload": {
             "prompts_per_step": PROMPTS_PER_STEP,
             "group_size": GROUP,

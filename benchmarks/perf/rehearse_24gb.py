@@ -30,7 +30,7 @@ is each generate call's time ÷ its longest response (the prefill included). Whe
 `rollout.engine: auto` runs the transformers engine, and `engine` in the JSON says so and why.
 
     python benchmarks/perf/rehearse_24gb.py                  # CUDA; < 8 min on an H100 with the transformers engine
-    python benchmarks/perf/rehearse_24gb.py --tiny --out runs/rehearse-tiny   # CPU, a 2-layer model: the code path, in seconds
+    python benchmarks/perf/rehearse_24gb.py --tiny --out runs/rehearse-tiny   # CPU, 2 layers: the code path, seconds
 
 writes benchmarks/perf/results/rehearse_24gb[-tiny].json and prints a markdown table.
 """

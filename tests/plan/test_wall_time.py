@@ -79,14 +79,18 @@ def test_the_vllm_decode_step_is_the_least_squares_line_of_the_cited_sweep():
 
 
 def test_a_training_step_on_the_card_by_hand():
-    """hybrid.yaml's tooluse stage at micro-batch 7: 32 sequences of 809.1 (ToolAlpaca's measured mean prompt) +
-    384 tokens = ceil(32 / 7) = 5 micro-batches x A x 3350 / 1008 + 32 x 1193.1 x C x 989.4 / 165.2, x 7.62 / 7.6 B."""
+    """hybrid.yaml's tooluse stage at micro-batch 7: 4 groups of 8 rows in micro-batches of rows 0-6 (group 0),
+    7-13 (groups 0, 1), 14-20 (1, 2), 21-27 (2, 3), 28-31 (3): 8 prompts of 809.1 tokens (ToolAlpaca's measured mean)
+    computed + 32 responses of 384; ceil(32 / 7) = 5 micro-batches x A x 3350 / 1008 + (8 x 809.1 + 32 x 384) x C x
+    989.4 / 165.2, x 7.62 / 7.6 B."""
     recipe = hybrid()
     timer = wt.Timer(recipe, SHAPE_7B, 24, wt.CARDS["rtx4090"])
     a, c = wt.step_constants("hybrid")
-    by_hand = (5 * a * 3350 / 1008 + 32 * 1193.1 * c * 989.4 / 165.2) * PARAMS_7B / 7.6
+    assert wt.prefix_runs(32, 7, 8) == 8 and wt.prefix_runs(32, 8, 8) == 4 and wt.prefix_runs(32, 1, 8) == 32
+    assert wt.prefix_runs(24, 24, 1) == 24  # one sample per prompt (SDFT): every prompt its own
+    by_hand = (5 * a * 3350 / 1008 + (8 * 809.1 + 32 * 384) * c * 989.4 / 165.2) * PARAMS_7B / 7.6
     assert timer.train_step_s(recipe.stages[2], 7) == pytest.approx(by_hand, rel=1e-12)
-    assert by_hand == pytest.approx(49.7, abs=0.1)
+    assert by_hand == pytest.approx(29.0, abs=0.1)  # 49.7 s with every row's prompt computed
     twice = hybrid("grpo.iterations=2")
     assert wt.Timer(twice, SHAPE_7B, 24, wt.CARDS["rtx4090"]).train_step_s(twice.stages[2], 7) == pytest.approx(
         2 * by_hand, rel=1e-12

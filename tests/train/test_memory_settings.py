@@ -2,21 +2,21 @@
 chunks of positions, recomputed in backward) and `optim.activation_checkpointing` give the gradients and statistics
 of the default CPU path, for every method, support and teacher, on tiny-random.
 
-The claim is exactness, and the two sides take different summation orders (chunks of positions; checkpointing turns
-prefix sharing off, so other matmul shapes), so both run in float64 (`model.dtype: float64`): there the sums' rounding
+The claim is exactness, and the two sides take different summation orders (chunks of positions; checkpointing recomputes
+each layer in backward), so both run in float64 (`model.dtype: float64`): there the sums' rounding
 is ~n·2^-53 relative (n ≤ a few thousand terms: < 1e-12), whatever the CPU's kernels; in float32 the same differences
 reach ~1e-5 and depend on the ISA (AVX-512 vs AVX2)."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 import torch
+from transformers import DynamicCache
 
 from adaptercl.adapters.live import lora_parameters
-from adaptercl.model.base import decoder_and_head, resolve_activation_checkpointing
+from adaptercl.model.base import decoder_and_head
 from adaptercl.model.batching import build_batch, encode_chat
+from adaptercl.model.checkpointing import resolve_activation_checkpointing
 from adaptercl.recipe.grammar import RecipeError, resolve_recipe
 from adaptercl.rollout import SamplingParams
 from adaptercl.train import losses
@@ -133,29 +133,47 @@ def test_chunked_logits_give_the_full_logits_gradients_and_statistics(tmp_path, 
 @pytest.mark.parametrize("case", ["grpo", "sdpo_full", "sdft_topk_tail", "hybrid_sampled", "srpo"])
 def test_activation_checkpointing_gives_the_same_gradients(tmp_path, case, monkeypatch):
     reference = one_step(tmp_path / "plain", case)  # CPU default: off
-    import transformers.modeling_utils
+    import adaptercl.model.batching as batching
+    import adaptercl.model.checkpointing as checkpointing
 
-    calls, original = [], transformers.modeling_utils.checkpoint
+    calls, original = [], checkpointing.checkpoint
+    monkeypatch.setattr(checkpointing, "checkpoint", lambda *a, **k: calls.append(k) or original(*a, **k))
+    prefills, original_prefill = [], batching.prefill
     monkeypatch.setattr(
-        transformers.modeling_utils, "checkpoint", lambda *a, **k: calls.append(k) or original(*a, **k)
+        batching, "prefill", lambda *a, **k: prefills.append(k["replayable"]) or original_prefill(*a, **k)
     )
     checkpointed = one_step(tmp_path / "ckpt", case, activation_checkpointing=True)
-    # every decoder layer (2) of every training forward (2 micro-batches per pass) went through checkpointing
-    assert len(calls) == 2 * 2 * CASES[case][1].get("grpo", {}).get("iterations", 1)
+    # 2 micro-batches per pass, each a group sharing its prompt: a prefix call and a rows' call with the replayable
+    # cache (the no-grad forwards of teachers and references keep the plain one), each running both decoder layers
+    # under checkpointing. SDFT's one sample per prompt shares only where the layout is cheaper.
+    passes = CASES[case][1].get("grpo", {}).get("iterations", 1)
+    shared = prefills.count(True)
+    assert shared == 2 * passes or case == "sdft_topk_tail"
+    assert len(calls) == 2 * 2 * shared + 2 * (2 * passes - shared)
     assert all(k["use_reentrant"] is False for k in calls)
     assert_same_step(reference, checkpointed)
     both = one_step(tmp_path / "both", case, activation_checkpointing=True, logits_chunk_size=3)
     assert_same_step(reference, both)
 
 
-def test_checkpointing_switches_prefix_sharing_off_and_says_why_once(tmp_path, caplog):
-    import adaptercl.model.batching as batching
+def test_an_appending_cache_cannot_be_recomputed(tmp_path, monkeypatch):
+    # the reason for the replayable cache: a plain cache in a checkpointed training forward appends the rows' keys
+    # to the prefix's, and backward's recompute of a layer appends them a second time: the shapes no longer match
+    import adaptercl.model.prefix_sharing as prefix_sharing
 
-    batching._logged_checkpointing = False
-    with caplog.at_level(logging.INFO, logger="adaptercl.model.batching"):
+    monkeypatch.setattr(prefix_sharing, "ReplayableCache", AppendingCache)
+    with pytest.raises(RuntimeError, match="size"):
         one_step(tmp_path, "grpo", activation_checkpointing=True)
-    notes = [r.message for r in caplog.records if "prefix sharing" in r.message]
-    assert len(notes) == 1 and "activation checkpointing" in notes[0]
+
+
+class AppendingCache(DynamicCache):
+    """Appends as transformers' own cache does, on both calls."""
+
+    def __init__(self, read_only: bool = False) -> None:
+        super().__init__()
+
+    def reader(self) -> DynamicCache:
+        return self
 
 
 def test_settings_resolve_on_for_cuda_off_on_cpu_and_refuse_bad_values(tmp_path):

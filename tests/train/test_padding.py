@@ -123,7 +123,7 @@ def padded_path(monkeypatch) -> None:
     )
 
 
-@pytest.mark.parametrize("checkpointing", [False, True], ids=["prefix_sharing", "plain_layout"])
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["no_checkpointing", "checkpointing"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_sorted_trimmed_micro_batches_make_the_padded_update(tmp_path, case, checkpointing):
     optim = {"activation_checkpointing": checkpointing}
