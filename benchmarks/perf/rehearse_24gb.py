@@ -86,9 +86,12 @@ def rehearsal_raw(args: argparse.Namespace, checkpoint: Path, work: Path) -> tup
         "teacher_lift_prompts": 1,
         "stage_kl_prompts": 2,
     }
-    if args.tiny:  # a CPU check of the code path: no NF4, short responses
+    if args.tiny:  # a CPU check of the code path: no NF4, short responses; CUDA's checkpointing, logit chunks and
+        # micro-batches of several rows of a group (auto's split without CUDA would be 1 row at these sizes)
         raw["quantization"] = "none"
         raw["rollout"] = {**raw["rollout"], "max_new_tokens": args.tiny_new_tokens}
+        cuda_like = {"activation_checkpointing": True, "logits_chunk_size": 4, "micro_batch_size": 4}
+        raw["optim"] = {**raw["optim"], **cuda_like}
     changes = {
         "model": f"random weights of the {'tiny 2-layer' if args.tiny else 'Qwen2.5-7B'} shape, byte-level tokenizer",
         "domains": f"{', '.join(names)}: synthetic gsm8k-format rows (sums), prompts of {args.prompt_tokens} tokens",

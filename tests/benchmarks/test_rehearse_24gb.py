@@ -19,10 +19,15 @@ sys.path.insert(0, str(REPO / "benchmarks" / "perf"))
 import rehearse_24gb  # noqa: E402
 
 
-def test_tiny_rehearsal_measures_every_phase_beside_the_plan(tmp_path):
+def test_tiny_rehearsal_measures_every_phase_beside_the_plan(tmp_path, monkeypatch):
+    import adaptercl.model.batching as batching
+
     originals = (run.run_stage, stage.train_on_batch, run.evaluate_all, run.response_drift)
+    replayable, prefill = [], batching.prefill
+    monkeypatch.setattr(batching, "prefill", lambda *a, **k: replayable.append(k["replayable"]) or prefill(*a, **k))
     argv = ["--tiny", "--steps", "1", "--prompts-per-step", "1", "--prompt-tokens", "96", "--out", str(tmp_path)]
     assert rehearse_24gb.main([*argv, "--checkpoint-dir", str(tmp_path / "checkpoint")]) == 0
+    assert True in replayable  # CUDA's path: the training forwards share the group's prompt under checkpointing
     result = json.loads((tmp_path / "rehearse_24gb-tiny.json").read_text())
     assert result["failed"] is None
     assert list(result["phases"]) == list(rehearse_24gb.PHASES)
