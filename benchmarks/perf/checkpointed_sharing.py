@@ -36,10 +36,15 @@ DATA = Path(__file__).resolve().parents[3] / "shared" / "data"  # ../shared/data
 
 def tooluse_prompts(tokenizer, count: int) -> list[list[int]]:
     """The first `count` ToolAlpaca prompts of the shipped domain's train draw, as `run_stage` encodes them."""
-    from padding import load_domains
+    from padding import DOMAINS
 
-    _, _, prompts = load_domains(DATA, tokenizer)["tooluse"]
-    return prompts[:count]
+    from adaptercl.domains import load_domain
+    from adaptercl.model import encode_chat
+    from adaptercl.recipe.domain_block import DomainConfig
+
+    _, block = DOMAINS["tooluse"]
+    domain = load_domain(DomainConfig(name="tooluse", **{**block, "source": str(DATA / block["source"])}), 0, 4)
+    return [encode_chat(tokenizer, example.messages) for example in domain.train[:count]]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
                 p.normal_(0.0, 0.01, generator=torch.Generator().manual_seed(1))
     prompts = [p for p in tooluse_prompts(loaded.tokenizer, args.prompts) for _ in range(args.group)]
     generator = torch.Generator().manual_seed(0)
-    responses = torch.randint(100, 10_000, (len(prompts), args.response), generator=generator).tolist()
+    high = min(10_000, loaded.model.config.vocab_size)  # ids 100 .. 9,999 (a tiny vocabulary: its upper half)
+    responses = torch.randint(min(100, high // 2), high, (len(prompts), args.response), generator=generator).tolist()
     batch = build_batch(prompts, responses, loaded.tokenizer.pad_token_id)
     model.train()
 
