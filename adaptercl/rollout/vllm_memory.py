@@ -3,7 +3,8 @@
     vllm_utilization(shape, recipe, card_gib=24)   # rollout.gpu_memory_utilization, `auto` made a number
     step_companions(shape, recipe, card_gib=24)    # what stays on the card beside the training step
 
-Awake, vLLM claims gpu_memory_utilization x the card, which should hold its NF4 weights, max_loras x max_lora_rank
+Awake, vLLM claims gpu_memory_utilization x the card, which should hold its NF4 weights (`VLLM_NF4_BITS`: float32
+block scales, unlike the trainer's copy), max_loras x max_lora_rank
 LoRA slots (bf16), VLLM_RUNTIME_GIB of activations, sampler and CUDA graphs, and the KV cache of a whole step's
 rollouts (`vllm_need_terms`). With sleep mode it sleeps (level 1) around each optimiser step and keeps only
 VLLM_ASLEEP_GIB; without, its whole claim stays. `auto` makes the share the plan's need at PROMPT_TOKENS-token prompts.
@@ -15,11 +16,16 @@ from __future__ import annotations
 import math
 
 from adaptercl.adapters import max_served_rank
-from adaptercl.model import GIB, Shape, base_bytes, gib, kv_bytes, lora_params
+from adaptercl.model import GIB, NF4_BITS, Shape, base_bytes, gib, kv_bytes, lora_params
 from adaptercl.recipe import ENGINES, RecipeConfig, StageConfig
 from adaptercl.rollout.vllm_settings import vllm_lora_rank
 
 VLLM_RUNTIME_GIB = 1.5  # vLLM's profiled activations, sampler and CUDA graphs at its defaults (assumption)
+# vLLM's NF4 linears keep one float32 scale per 64-weight block: it quantises with double quantisation and undoes
+# the second level at load ("at the cost of increased memory usage": `BitsAndBytesModelLoader._dequantize_dq`,
+# vllm/model_executor/model_loader/bitsandbytes_loader.py in vllm 0.27.1; vllm-bnb-plugin does the same), so
+# 4 + 32 / 64 bits a weight against the trainer's double-quantised `model.shapes.NF4_BITS` (4.127): +0.28 GiB at 7B.
+VLLM_NF4_BITS = 4 + 32 / 64
 # A colocated vLLM asleep (sleep level 1, around each optimiser step): "Level 1 sleep will offload the model weights
 # and discard the KV cache" (https://docs.vllm.ai/en/latest/features/sleep_mode/; the weights go to CPU RAM). Only
 # what vLLM allocated in its sleep-mode memory pool is released: the weights (the LoRA slots with them: they are
@@ -40,11 +46,17 @@ def vllm_need_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, prom
     slots = (r.max_loras or 2) * lora_params(shape, stage, rank)
     sequences = stage.optim.prompts_per_step * r.group_size
     return {
-        "weights": base_bytes(shape, recipe.quantization),
+        "weights": vllm_weight_bytes(shape, recipe.quantization),
         "lora_slots": slots * 2,
         "runtime": VLLM_RUNTIME_GIB * GIB,
         "kv_cache": kv_bytes(shape, sequences * (prompt + r.max_new_tokens)),
     }
+
+
+def vllm_weight_bytes(shape: Shape, quantization: str) -> float:
+    """vLLM's copy of the base: the trainer's (`base_bytes`) with float32 block scales on its NF4 linears."""
+    extra = VLLM_NF4_BITS - NF4_BITS if quantization in ("nf4", "auto") else 0.0
+    return base_bytes(shape, quantization) + shape.linear_params() * extra / 8
 
 
 def vllm_utilization(shape: Shape, recipe: RecipeConfig, card_gib: float) -> float:

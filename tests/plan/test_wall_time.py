@@ -14,7 +14,7 @@ import pytest
 
 import adaptercl.plan.wall_time as wt
 from adaptercl.cli import PLAN_CARDS
-from adaptercl.model.shapes import GIB, SHAPES, base_bytes, lora_params
+from adaptercl.model.shapes import GIB, NF4_BITS, SHAPES, base_bytes, lora_params
 from adaptercl.plan import memory as mp
 from adaptercl.recipe.load import load_recipe
 
@@ -103,11 +103,13 @@ def test_generation_by_hand_on_vllm_and_on_the_hf_engine():
     scale = PARAMS_7B / 7.25 / (wt.VLLM_LORA_RATIO * wt.VLLM_BNB_RATIO)
     # a step's rollouts: 32 sequences decoded together, 384 steps
     assert timer.generate_s(32, 300, 384, batch=32) == pytest.approx(384 * wt.vllm_decode_step_s(32) * scale)
-    # evaluation: as many as vLLM's KV cache holds at once (its 0.41 share of 24 GiB less its NF4 weights, two
-    # rank-64 LoRA slots in bf16 and 1.5 GiB of runtime), at most the sweep's 48: 700 examples in waves of 48
-    fixed = base_bytes(SHAPE_7B, "nf4") + 2 * lora_params(SHAPE_7B, recipe.stages[0], 64) * 2 + 1.5 * GIB
-    holds = (0.41 * 24 * GIB - fixed) / (2 * 28 * 4 * 128 * 2) // (300 + 384)
-    assert holds == 70
+    # evaluation: as many as vLLM's KV cache holds at once (its 0.42 share of 24 GiB less its NF4 weights with
+    # float32 block scales, two rank-64 LoRA slots in bf16 and 1.5 GiB of runtime), at most the sweep's 48: 700
+    # examples in waves of 48
+    weights = base_bytes(SHAPE_7B, "nf4") + SHAPE_7B.linear_params() * (4.5 - NF4_BITS) / 8
+    fixed = weights + 2 * lora_params(SHAPE_7B, recipe.stages[0], 64) * 2 + 1.5 * GIB
+    holds = (0.42 * 24 * GIB - fixed) / (2 * 28 * 4 * 128 * 2) // (300 + 384)
+    assert holds == 69
     assert timer.generate_s(700, 300, 384) == pytest.approx(
         math.ceil(700 / 48) * 384 * wt.vllm_decode_step_s(48) * scale
     )
