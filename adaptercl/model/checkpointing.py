@@ -47,6 +47,7 @@ def _checkpointed(layer: torch.nn.Module, forward: Callable) -> Callable:
 def activation_checkpointing(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
     """The body's training forwards checkpoint every decoder layer (non-reentrant) when `enabled`; off after."""
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)] if enabled else []
+    layers = [m for m in layers if not getattr(m, _FLAG, False)]  # a nested use leaves the outer one's wrapping
     for layer in layers:
         layer.forward = _checkpointed(layer, layer.forward)  # an instance attribute over the class's forward
         setattr(layer, _FLAG, True)

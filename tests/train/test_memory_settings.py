@@ -233,3 +233,20 @@ def test_high_entropy_takes_the_entropies_a_chunk_of_tokens_at_a_time(tmp_path, 
     assert chunked.dtype == torch.float64 and chunked.shape == reference.shape == (8, 8)
     torch.testing.assert_close(chunked, reference, rtol=0, atol=1e-10)
     assert [r[0] for r in rows] == [5] * 12 + [4] and all(len(r) == 2 for r in rows)  # [c, H] chunks of 64 tokens
+
+
+def test_checkpointing_wraps_each_layer_once_and_restores_it_nested():
+    from adaptercl.model import load_base
+    from adaptercl.model.checkpointing import activation_checkpointing, checkpointing_active
+    from adaptercl.recipe.grammar import ModelConfig
+
+    model = load_base(ModelConfig(name="tiny-random"), "none", torch.device("cpu")).model.train()
+    layers = model.model.layers
+    with activation_checkpointing(model, True):
+        wrapped = [layer.forward for layer in layers]
+        with activation_checkpointing(model, True):
+            assert [layer.forward for layer in layers] == wrapped  # not wrapped twice
+        assert checkpointing_active(model) and [layer.forward for layer in layers] == wrapped
+    assert not checkpointing_active(model) and all("forward" not in vars(layer) for layer in layers)
+    with activation_checkpointing(model, False):
+        assert not checkpointing_active(model)
