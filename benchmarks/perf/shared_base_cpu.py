@@ -17,7 +17,7 @@ share them too; not tried here). CPU only: no sleep mode (on a card sleep level 
 
     HF_HUB_OFFLINE=1 python benchmarks/perf/shared_base_cpu.py
 
-writes benchmarks/perf/results/shared_base_cpu-<model>.json.
+writes benchmarks/perf/results/shared_base_cpu-<model>-vllm<version>.json.
 """
 
 from __future__ import annotations
@@ -200,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_completions_unchanged": [c.token_ids for c in again] == [c.token_ids for c in completions],
         "rows": rows,
     }
-    path = write_result(f"shared_base_cpu-{args.model}", result, args.out)
+    import vllm
+
+    path = write_result(f"shared_base_cpu-{args.model}-vllm{vllm.__version__}", result, args.out)
     print({k: v for k, v in result.items() if k not in ("rows", "machine", "versions", "command")}, path)
     return 0
 

@@ -19,7 +19,8 @@ import shared_base_cpu  # noqa: E402
 def test_the_trainer_reads_vllms_nf4_weights_and_computes_the_same(tmp_path):
     argv = ["--copy-dir", str(tmp_path / "bf16"), "--out", str(tmp_path)]
     assert shared_base_cpu.main(argv) == 0
-    result = json.loads((tmp_path / "shared_base_cpu-tiny-random.json").read_text())
+    (path,) = tmp_path.glob("shared_base_cpu-tiny-random-vllm*.json")
+    result = json.loads(path.read_text())
     # 2 decoder layers x 7 projections, each now a slice of vLLM's storage at its shard's byte offset
     assert result["weights_rebound"] == 14 and result["all_share_vllm_storage"]
     assert result["trainer_own_nf4_bytes_before"] == result["bytes_rebound"] > 0
