@@ -12,8 +12,10 @@ Steps, on tiny-random (or `--model`) in bf16 with NF4 on both sides, LoRA r 8 on
    trainer had equal vLLM's (the same quantisation) or not; the trainer's log-probs and gradients again, against
    step 2; vLLM generates the same completions after; the bytes of the trainer's own NF4 storages before and after.
 
-The NF4 linears only: embeddings, lm_head and norms stay the trainer's (a row slice of vLLM's padded vocabulary would
-share them too; not tried here). CPU only: no sleep mode (on a card sleep level 1 would unmap the shared weights).
+Then the rest of the frozen base (`--no-dense` skips it): embeddings, lm_head and norms by name (a row slice drops
+vLLM's vocabulary padding) and the q/k/v biases as slices of vLLM's `qkv_proj.bias`; the bytes of the trainer's own
+base storages (LoRA aside) before and after. CPU only: no sleep mode (on a card sleep level 1 would unmap the shared
+weights).
 
     HF_HUB_OFFLINE=1 python benchmarks/perf/shared_base_cpu.py
 
@@ -118,6 +120,50 @@ def rebind(trainer, served) -> list[dict]:
     return rows
 
 
+def rebind_dense(trainer, served) -> int:
+    """Point the trainer's other frozen base tensors at vLLM's: embeddings, norms and lm_head by name (a row slice
+    drops vLLM's vocabulary padding), the q/k/v biases as slices of `qkv_proj.bias` in shard order; the count."""
+    import bitsandbytes as bnb
+    import torch
+
+    theirs = dict(served.named_parameters())
+    count = 0
+    with torch.no_grad():
+        for name, module in trainer.named_modules():
+            own = name.removeprefix("base_model.model.")
+            if isinstance(module, bnb.nn.Linear4bit):
+                if module.bias is None:
+                    continue
+                parts = own.split(".")
+                proj = parts[-1] if parts[-1] != "base_layer" else parts[-2]
+                fused, shard = FUSED[proj]
+                prefix = ".".join(parts[: parts.index(proj)])
+                owner = served.get_submodule(f"{prefix}.{fused}")
+                sizes = [state.shape[0] for _, state in sorted(packed(owner).bnb_quant_state.items())]  # out features
+                start = sum(sizes[:shard])
+                module.bias = torch.nn.Parameter(
+                    getattr(owner, "base_layer", owner).bias[start : start + sizes[shard]], requires_grad=False
+                )
+                count += 1
+            elif "lora_" not in name and getattr(module, "weight", None) is not None and f"{own}.weight" in theirs:
+                mine = module.weight
+                view = theirs[f"{own}.weight"].data[: mine.shape[0]]
+                if view.shape == mine.shape and view.dtype == mine.dtype:
+                    module.weight = torch.nn.Parameter(view, requires_grad=False)
+                    count += 1
+    return count
+
+
+def own_base_bytes(model, shared: set[int]) -> int:
+    """Bytes of the distinct storages of the trainer's frozen base tensors (not LoRA) that are not vLLM's."""
+    storages = {}
+    for name, p in model.named_parameters():
+        if "lora_" not in name:
+            storage = p.data.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    return sum(n for ptr, n in storages.items() if ptr not in shared)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="tiny-random")
@@ -127,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         help="quantise the stored checkpoint (float32 here): the two sides quantise other values, bytes differ",
     )  # fmt: skip
     parser.add_argument("--copy-dir", type=Path, default=Path("/tmp/adaptercl-shared-base"))
+    parser.add_argument(
+        "--no-dense", dest="dense", action="store_false", help="share the NF4 linears only (not embeddings, norms)"
+    )
     args = parser.parse_args(argv)
 
     import torch
@@ -172,9 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         before, grads_before = trainer_pass()
         served = vllm_model(engine)
         vllm_storages = {p.data.untyped_storage().data_ptr() for p in served.parameters()}
-        own_before = own_nf4_bytes(model, vllm_storages)
+        own_before, base_before = own_nf4_bytes(model, vllm_storages), own_base_bytes(model, vllm_storages)
         rows = rebind(model, served)
         own_after = own_nf4_bytes(model, vllm_storages)
+        dense = rebind_dense(model, served) if args.dense else 0
+        base_after = own_base_bytes(model, vllm_storages)
         after, grads_after = trainer_pass()
         again = [c for g in engine.generate(prompts, ["x"], params) for c in g]
     finally:
@@ -190,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
         "weights_rebound": len(rows),
         "trainer_own_nf4_bytes_before": own_before,
         "trainer_own_nf4_bytes_after": own_after,
+        "dense_tensors_rebound": dense,
+        "trainer_own_base_bytes_before": base_before,
+        "trainer_own_base_bytes_after": base_after,
         "bytes_rebound": sum(r["bytes"] for r in rows),
         "all_share_vllm_storage": all(r["shares_vllm_storage"] for r in rows),
         "same_bytes_before": sum(r["same_bytes_as_before"] for r in rows),

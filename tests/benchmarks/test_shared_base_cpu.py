@@ -25,6 +25,8 @@ def test_the_trainer_reads_vllms_nf4_weights_and_computes_the_same(tmp_path):
     assert result["weights_rebound"] == 14 and result["all_share_vllm_storage"]
     assert result["trainer_own_nf4_bytes_before"] == result["bytes_rebound"] > 0
     assert result["trainer_own_nf4_bytes_after"] == 0  # the trainer's own packed copy is gone
+    # and the rest of the base: embeddings, lm_head, final norm, 2 x 2 layer norms, 2 x 3 q/k/v biases
+    assert result["dense_tensors_rebound"] == 13 and result["trainer_own_base_bytes_after"] == 0
     # both quantised the same bf16 values: the same bytes, so the same logits and LoRA gradients, bit for bit
     assert result["same_bytes_before"] == 14
     assert result["trainer_logprob_change_max"] == 0.0 and result["lora_gradient_change_over_scale"] == 0.0
