@@ -145,12 +145,16 @@ def rebind_dense(trainer, served) -> int:
                     getattr(owner, "base_layer", owner).bias[start : start + sizes[shard]], requires_grad=False
                 )
                 count += 1
-            elif "lora_" not in name and getattr(module, "weight", None) is not None and f"{own}.weight" in theirs:
-                mine = module.weight
-                view = theirs[f"{own}.weight"].data[: mine.shape[0]]
-                if view.shape == mine.shape and view.dtype == mine.dtype:
-                    module.weight = torch.nn.Parameter(view, requires_grad=False)
-                    count += 1
+                continue
+            source = theirs.get(f"{own}.weight", theirs.get(f"{own}.base_layer.weight"))  # vLLM's LoRA wrappers
+            if "lora_" in name or "weight" not in module._parameters or source is None:
+                continue  # LoRA, a module without a weight of its own (PEFT's wrappers), or none in vLLM
+            view = source.data[: module.weight.shape[0]]
+            if view.shape == module.weight.shape and view.dtype == module.weight.dtype:
+                module.weight = torch.nn.Parameter(view, requires_grad=False)
+                count += 1
+        if trainer.config.get_text_config().tie_word_embeddings:  # a tied head reads the (new) input embedding
+            trainer.get_output_embeddings().weight = trainer.get_input_embeddings().weight
     return count
 
 
