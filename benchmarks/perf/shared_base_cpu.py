@@ -28,6 +28,7 @@ import argparse
 import copy
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         "--no-bf16-copy", dest="bf16_copy", action="store_false",
         help="quantise the stored checkpoint (float32 here): the two sides quantise other values, bytes differ",
     )  # fmt: skip
-    parser.add_argument("--copy-dir", type=Path, default=Path("/tmp/adaptercl-shared-base"))
+    parser.add_argument("--copy-dir", type=Path, default=Path(tempfile.gettempdir()) / "adaptercl-shared-base")
     parser.add_argument(
         "--no-dense", dest="dense", action="store_false", help="share the NF4 linears only (not embeddings, norms)"
     )
