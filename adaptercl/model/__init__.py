@@ -35,7 +35,6 @@ _EXPORTS = {
     "prefix_layout": "prefix_sharing",
     "ALL_LINEAR": "shapes",
     "GIB": "shapes",
-    "NF4_BITS": "shapes",
     "Shape": "shapes",
     "base_bytes": "shapes",
     "gib": "shapes",

@@ -86,9 +86,10 @@ def shape_from_config(cfg: dict, where: str) -> Shape:
         raise RecipeError(f"model.name: {where} lacks {err.args[0]!r} (Llama/Qwen2 layout)") from None
 
 
-def base_bytes(shape: Shape, quantization: str) -> float:
-    """The frozen base: NF4 linears + bf16 embeddings/lm_head, or all bf16."""
-    bits = NF4_BITS if quantization in ("nf4", "auto") else 16
+def base_bytes(shape: Shape, quantization: str, nf4_bits: float = NF4_BITS) -> float:
+    """The frozen base: NF4 linears (`nf4_bits` a weight: the trainer's double-quantised copy by default) + bf16
+    embeddings/lm_head, or all bf16."""
+    bits = nf4_bits if quantization in ("nf4", "auto") else 16
     norms = (2 * shape.layers + 1) * shape.hidden
     return shape.linear_params() * bits / 8 + (shape.embedding_params() + norms) * 2
 

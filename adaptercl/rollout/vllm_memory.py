@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 from adaptercl.adapters import max_served_rank
-from adaptercl.model import GIB, NF4_BITS, Shape, base_bytes, gib, kv_bytes, lora_params
+from adaptercl.model import GIB, Shape, base_bytes, gib, kv_bytes, lora_params
 from adaptercl.recipe import ENGINES, RecipeConfig, StageConfig
 from adaptercl.rollout.vllm_settings import vllm_lora_rank
 
@@ -46,17 +46,11 @@ def vllm_need_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, prom
     slots = (r.max_loras or 2) * lora_params(shape, stage, rank)
     sequences = stage.optim.prompts_per_step * r.group_size
     return {
-        "weights": vllm_weight_bytes(shape, recipe.quantization),
+        "weights": base_bytes(shape, recipe.quantization, nf4_bits=VLLM_NF4_BITS),
         "lora_slots": slots * 2,
         "runtime": VLLM_RUNTIME_GIB * GIB,
         "kv_cache": kv_bytes(shape, sequences * (prompt + r.max_new_tokens)),
     }
-
-
-def vllm_weight_bytes(shape: Shape, quantization: str) -> float:
-    """vLLM's copy of the base: the trainer's (`base_bytes`) with float32 block scales on its NF4 linears."""
-    extra = VLLM_NF4_BITS - NF4_BITS if quantization in ("nf4", "auto") else 0.0
-    return base_bytes(shape, quantization) + shape.linear_params() * extra / 8
 
 
 def vllm_utilization(shape: Shape, recipe: RecipeConfig, card_gib: float) -> float:
