@@ -37,12 +37,7 @@ def thirds(trace: list[float | None]) -> tuple[float | None, float | None]:
     """Mean of the first and of the last third of a trace's steps (ceil(steps / 3) each), over the steps that have
     a value; None for a third without one."""
     size = max(1, math.ceil(len(trace) / 3))
-
-    def mean(part: list[float | None]) -> float | None:
-        values = [v for v in part if v is not None]
-        return statistics.fmean(values) if values else None
-
-    return mean(trace[:size]), mean(trace[-size:])
+    return _mean(trace[:size]), _mean(trace[-size:])
 
 
 def signal_table(runs: dict[str, dict[int, dict]]) -> list[dict]:
@@ -66,7 +61,8 @@ def signal_table(runs: dict[str, dict[int, dict]]) -> list[dict]:
     return rows
 
 
-def _mean(values: tuple[float | None, ...]) -> float | None:
+def _mean(values: list[float | None] | tuple[float | None, ...]) -> float | None:
+    """The mean of the values that are not None; None when none is."""
     present = [v for v in values if v is not None]
     return statistics.fmean(present) if present else None
 
