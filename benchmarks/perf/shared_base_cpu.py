@@ -63,16 +63,22 @@ def bf16_copy(name: str, folder: Path) -> Path:
     return folder
 
 
-def own_nf4_bytes(model, shared: set[int]) -> int:
-    """Bytes of the distinct packed NF4 storages of the trainer's Linear4bit layers that are not vLLM's."""
+def own_bytes(tensors, shared: set[int]) -> int:
+    """Bytes of the distinct storages of `tensors` that are not among `shared` (vLLM's storages' addresses)."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(n for ptr, n in storages.items() if ptr not in shared)
+
+
+def nf4_weights(model):
+    """The packed weights of the trainer's Linear4bit layers."""
     import bitsandbytes as bnb
 
-    storages = {}
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit):
-            storage = module.weight.data.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-    return sum(n for ptr, n in storages.items() if ptr not in shared)
+    return [m.weight.data for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+
+
+def base_tensors(model):
+    """The trainer's frozen base tensors: every parameter but LoRA's."""
+    return [p.data for name, p in model.named_parameters() if "lora_" not in name]
 
 
 def vllm_model(engine):
@@ -85,21 +91,27 @@ def packed(module):
     return getattr(module, "base_layer", module).weight
 
 
+def fused_shard(served, name: str):
+    """(vLLM's fused linear, the shard, a label `layers.<i>.<fused>[<shard>]`) of a trainer Linear4bit named `name`
+    (PEFT's prefix and its `base_layer` allowed)."""
+    parts = name.removeprefix("base_model.model.").split(".")
+    proj = parts[-1] if parts[-1] != "base_layer" else parts[-2]
+    fused, shard = FUSED[proj]
+    owner = served.get_submodule(".".join(parts[: parts.index(proj)] + [fused]))
+    return owner, shard, f"layers.{parts[parts.index('layers') + 1]}.{fused}[{shard}]"
+
+
 def rebind(trainer, served) -> list[dict]:
     """Point every trainer Linear4bit of the decoder at its shard of vLLM's packed weight; one row per weight."""
     import bitsandbytes as bnb
     import torch
 
     rows = []
-    vllm_layers = served.model.layers
     for name, module in trainer.named_modules():
         if not isinstance(module, bnb.nn.Linear4bit):
             continue
-        parts = name.split(".")
-        layer, proj = int(parts[parts.index("layers") + 1]), parts[-1] if parts[-1] != "base_layer" else parts[-2]
-        fused, shard = FUSED[proj]
-        owner = vllm_layers[layer].self_attn if fused in ("qkv_proj", "o_proj") else vllm_layers[layer].mlp
-        p = packed(getattr(owner, fused))
+        owner, shard, label = fused_shard(served, name)
+        p = packed(owner)
         offsets, states = p.bnb_shard_offsets, p.bnb_quant_state
         start, end = int(offsets[shard]), int(offsets[shard + 1])
         old = module.weight
@@ -114,7 +126,7 @@ def rebind(trainer, served) -> list[dict]:
                 quant_storage=view.dtype, bnb_quantized=True, module=module,
             )  # fmt: skip
         rows.append({
-            "trainer": name, "vllm": f"layers.{layer}.{fused}[{shard}]", "bytes": end - start,
+            "trainer": name, "vllm": label, "bytes": end - start,
             "same_bytes_as_before": bool(same_bytes),
             "shares_vllm_storage": module.weight.data_ptr() == p.data.data_ptr() + start * p.data.element_size(),
         })  # fmt: skip
@@ -135,11 +147,7 @@ def rebind_dense(trainer, served) -> int:
             if isinstance(module, bnb.nn.Linear4bit):
                 if module.bias is None:
                     continue
-                parts = own.split(".")
-                proj = parts[-1] if parts[-1] != "base_layer" else parts[-2]
-                fused, shard = FUSED[proj]
-                prefix = ".".join(parts[: parts.index(proj)])
-                owner = served.get_submodule(f"{prefix}.{fused}")
+                owner, shard, _ = fused_shard(served, name)
                 sizes = [state.shape[0] for _, state in sorted(packed(owner).bnb_quant_state.items())]  # out features
                 start = sum(sizes[:shard])
                 module.bias = torch.nn.Parameter(
@@ -157,16 +165,6 @@ def rebind_dense(trainer, served) -> int:
         if trainer.config.get_text_config().tie_word_embeddings:  # a tied head reads the (new) input embedding
             trainer.get_output_embeddings().weight = trainer.get_input_embeddings().weight
     return count
-
-
-def own_base_bytes(model, shared: set[int]) -> int:
-    """Bytes of the distinct storages of the trainer's frozen base tensors (not LoRA) that are not vLLM's."""
-    storages = {}
-    for name, p in model.named_parameters():
-        if "lora_" not in name:
-            storage = p.data.untyped_storage()
-            storages[storage.data_ptr()] = storage.nbytes()
-    return sum(n for ptr, n in storages.items() if ptr not in shared)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -226,11 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         before, grads_before = trainer_pass()
         served = vllm_model(engine)
         vllm_storages = {p.data.untyped_storage().data_ptr() for p in served.parameters()}
-        own_before, base_before = own_nf4_bytes(model, vllm_storages), own_base_bytes(model, vllm_storages)
+        own_before = own_bytes(nf4_weights(model), vllm_storages)
+        base_before = own_bytes(base_tensors(model), vllm_storages)
         rows = rebind(model, served)
-        own_after = own_nf4_bytes(model, vllm_storages)
+        own_after = own_bytes(nf4_weights(model), vllm_storages)
         dense = rebind_dense(model, served) if args.dense else 0
-        base_after = own_base_bytes(model, vllm_storages)
+        base_after = own_bytes(base_tensors(model), vllm_storages)
         after, grads_after = trainer_pass()
         again = [c for g in engine.generate(prompts, ["x"], params) for c in g]
     finally:
