@@ -1,10 +1,12 @@
 """Where the quickstart's time goes: per-part seconds from a cProfile dump and the run's own `seconds` records.
 
-Run the quickstart under cProfile with torch on one thread (so CPU time is work, not contention), then:
+Run the quickstart under cProfile with torch on one thread (so CPU time is work, not contention), `<scratch>` an
+empty folder, then:
 
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 PYTHONPATH=. \\
-        python -m cProfile -o /tmp/qs.prof -m adaptercl.cli recipe run recipes/quickstart.yaml output_dir=/tmp/qs_prof
-    python benchmarks/quickstart/profile_parts.py /tmp/qs.prof /tmp/qs_prof --cpu-seconds 425.0 --out FILE
+        python -m cProfile -o <scratch>/qs.prof -m adaptercl.cli recipe run recipes/quickstart.yaml \\
+        output_dir=<scratch>/qs_prof
+    python benchmarks/quickstart/profile_parts.py <scratch>/qs.prof <scratch>/qs_prof --cpu-seconds 425.0 --out FILE
 
 cProfile's clock is wall time, so on a shared machine its seconds carry the other users' load; `--cpu-seconds` (the
 process's user + system time, e.g. from `/usr/bin/time -v`) rescales every part by CPU / profiled wall, which
