@@ -29,7 +29,10 @@ the CUDA context included) against the plan's phase of the same name. Step times
 is each generate call's time ÷ its longest response (the prefill included). Where vLLM does not import,
 `rollout.engine: auto` runs the transformers engine, and `engine` in the JSON says so and why.
 
-    python benchmarks/perf/rehearse_24gb.py                  # CUDA; < 8 min on an H100 with the transformers engine
+    python benchmarks/perf/rehearse_24gb.py                  # CUDA, every stage
+    python benchmarks/perf/rehearse_24gb.py --deadline-s 300 --progress progress.json   # a lent GPU's time-limited call:
+        # no phase opens after 300 s (the figures so far are the result, `stopped` says where); progress.json is
+        # rewritten as each phase closes, so a killed call still leaves its figures
     python benchmarks/perf/rehearse_24gb.py --tiny --out runs/rehearse-tiny   # CPU, 2 layers: the code path, seconds
 
 writes benchmarks/perf/results/rehearse_24gb[-tiny].json and prints a markdown table.
@@ -61,6 +64,12 @@ CARD_GIB = 24.0
 GIB = 2**30
 FILLER = "Read the question below with care and answer it. "
 PHASES = ("load", "engine", "rollout", "train", "eval", "diagnostics")
+
+
+def shown(path: Path) -> str:
+    """A path as a result records it: relative to the repository when inside it (no path of the machine)."""
+    path, repo = path.resolve(), HERE.parent.parent.resolve()
+    return str(path.relative_to(repo)) if path.is_relative_to(repo) else str(path)
 
 
 def rehearsal_raw(args: argparse.Namespace, checkpoint: Path, work: Path) -> tuple[dict, dict]:
@@ -124,10 +133,20 @@ def write_domain(folder: Path, prompt_tokens: int) -> Path:
     return folder
 
 
-class PhaseMeter:
-    """Time and peak memory per phase; the innermost open phase owns each moment (see the module docstring)."""
+class DeadlineReached(Exception):
+    """`--deadline-s` passed: the rehearsal stops before the next phase opens and reports what it measured."""
 
-    def __init__(self, cuda: bool):
+
+class PhaseMeter:
+    """Time and peak memory per phase; the innermost open phase owns each moment (see the module docstring).
+
+    `deadline`: seconds after `start` (default: now) past which opening a phase raises `DeadlineReached` (a lent
+    GPU's call has a time limit); `progress`: a JSON file rewritten with the figures so far each time a phase closes
+    (kept if the call is killed)."""
+
+    def __init__(
+        self, cuda: bool, deadline: float | None = None, progress: Path | None = None, start: float | None = None
+    ):
         import torch
 
         self.torch, self.cuda = torch, cuda
@@ -139,6 +158,7 @@ class PhaseMeter:
         self.used_peak, self._stop = 0, threading.Event()
         self.undo: list[tuple[Any, str, Any]] = []  # (owner, name, original) of every patch, restored by `close`
         self.failed_in: str | None = None  # the innermost phase an exception left
+        self.t0, self.deadline, self.progress = start or self.t, deadline, progress
         if cuda:
             self.torch.cuda.reset_peak_memory_stats()
             threading.Thread(target=self._poll, daemon=True).start()
@@ -168,13 +188,25 @@ class PhaseMeter:
         cuda.reset_peak_memory_stats()
         self.used_peak = 0
 
+    def figures(self) -> dict[str, Any]:
+        return {
+            "elapsed_s": time.perf_counter() - self.t0,
+            "seconds": dict(self.seconds),
+            "peaks": dict(self.peaks),
+            "decode_step_s": {phase: spread(values) for phase, values in self.decode.items()},
+        }
+
     def enter(self, phase: str) -> None:
         self._close_interval()
+        if self.deadline is not None and time.perf_counter() - self.t0 > self.deadline:
+            raise DeadlineReached(f"{self.deadline:.0f} s passed before a {phase} phase")
         self.stack.append(phase)
 
     def leave(self) -> None:
         self._close_interval()
         self.stack.pop()
+        if self.progress is not None:
+            self.progress.write_text(json.dumps(self.figures(), indent=1))
 
     def wrap(self, owner: Any, name: str, phase: str) -> None:
         original = getattr(owner, name)
@@ -184,6 +216,8 @@ class PhaseMeter:
             self.enter(phase)
             try:
                 return original(*a, **k)
+            except DeadlineReached:
+                raise
             except BaseException:
                 self.failed_in = self.failed_in or phase
                 raise
@@ -298,7 +332,7 @@ def rehearse(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         torch.cuda.empty_cache()  # the shards' generator memory, before the cap
     raw, changes = rehearsal_raw(args, checkpoint, work)
     recipe = resolve_recipe(raw)
-    meter = PhaseMeter(cuda)
+    meter = PhaseMeter(cuda, args.deadline_s, args.progress, start=t_start)
     card = cap_card(meter, torch.cuda.get_device_properties(0).total_memory / GIB) if cuda else None
     instrument(meter)
     events: dict[str, Any] = {"micro_batch": []}
@@ -311,9 +345,11 @@ def rehearse(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         elif kind == "micro_batch":
             events["micro_batch"].append(f"{info['stage']}: {info['line']}")
 
-    failure = None
+    failure = stopped = None
     try:
         run_recipe(recipe, on_event)
+    except DeadlineReached as err:
+        stopped = str(err)
     except Exception as err:  # noqa: BLE001 - out of memory is the rehearsal's finding; keep the figures so far
         first = str(err).splitlines()[0] if str(err) else ""
         failure = {"phase": meter.failed_in or meter.stack[-1], "error": f"{type(err).__name__}: {first}"}
@@ -333,12 +369,13 @@ def rehearse(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "planned_gib": None if planned is None else planned["gib"],
         }
     return {
-        "recipe": str(args.recipe),
+        "recipe": shown(args.recipe),
         "device": torch.cuda.get_device_name(0) if cuda else "cpu",
         "card": card,
         "engine": {**engine, "description": events.get("engine_description")},
         "changes": changes,
         "failed": failure,
+        "stopped": stopped,
         "phases": phases,
         "plan_as_run": as_run,
         "plan_as_written": as_written,
@@ -363,6 +400,7 @@ def markdown(result: dict[str, Any]) -> str:
         + markdown_table(["phase", "seconds", "torch reserved GiB", "device used GiB", "planned GiB"], rows)
         + f"\n\ndecode step s (median): {decode}; total {result['total_s']:.0f} s"
         + ("" if failed is None else f"; FAILED in {failed['phase']}: {failed['error']}")
+        + ("" if result.get("stopped") is None else f"; stopped early: {result['stopped']}")
         + "\n"
     )
 
@@ -380,6 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny-new-tokens", type=int, default=8, help="--tiny: the rollouts' cap")
     parser.add_argument("--checkpoint-dir", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/perf/results)")
+    parser.add_argument("--deadline-s", type=float, default=None, help="open no phase after this many seconds")
+    parser.add_argument("--progress", type=Path, default=None, help="JSON rewritten with the figures as phases close")
     args = parser.parse_args(argv)
     import torch
 

@@ -26,11 +26,19 @@ def test_tiny_rehearsal_measures_every_phase_beside_the_plan(tmp_path, monkeypat
     replayable, prefill = [], batching.prefill
     monkeypatch.setattr(batching, "prefill", lambda *a, **k: replayable.append(k["replayable"]) or prefill(*a, **k))
     argv = ["--tiny", "--steps", "1", "--prompts-per-step", "1", "--prompt-tokens", "96", "--out", str(tmp_path)]
-    assert rehearse_24gb.main([*argv, "--checkpoint-dir", str(tmp_path / "checkpoint")]) == 0
+    progress = tmp_path / "progress.json"
+    assert (
+        rehearse_24gb.main([*argv, "--checkpoint-dir", str(tmp_path / "checkpoint"), "--progress", str(progress)]) == 0
+    )
     assert True in replayable  # CUDA's path: the training forwards share the group's prompt under checkpointing
     result = json.loads((tmp_path / "rehearse_24gb-tiny.json").read_text())
-    assert result["failed"] is None
+    assert result["failed"] is None and result["stopped"] is None
+    assert result["recipe"] == "recipes/hybrid.yaml"  # no path of the machine in a result
     assert list(result["phases"]) == list(rehearse_24gb.PHASES)
+    # the progress file, rewritten as each phase closed, holds the figures up to the last phase's close
+    so_far = json.loads(progress.read_text())
+    assert set(so_far["seconds"]) == {name for name, p in result["phases"].items() if p["seconds"] > 0}
+    assert so_far["decode_step_s"] == result["decode_step_s"]
     for name in ("load", "rollout", "train", "eval", "diagnostics"):  # each phase was entered and took time
         assert result["phases"][name]["seconds"] > 0, name
     # without vLLM (no CUDA here) auto runs the transformers engine, and the JSON says so
@@ -83,3 +91,30 @@ def test_an_out_of_memory_error_is_reported_with_its_phase(tmp_path, monkeypatch
     assert result["phases"]["rollout"]["seconds"] > 0  # the first rollout ran, then its training step failed
     assert result["step_times"] == {"math": [], "science": [], "tooluse": []}  # no step finished
     assert stage.train_on_batch is no_memory  # the meter's patches are undone
+
+
+def test_a_deadline_stops_the_rehearsal_before_the_next_phase_and_keeps_its_figures(tmp_path):
+    argv = ["--tiny", "--steps", "1", "--prompts-per-step", "1", "--prompt-tokens", "96", "--out", str(tmp_path)]
+    assert rehearse_24gb.main([*argv, "--checkpoint-dir", str(tmp_path / "checkpoint"), "--deadline-s", "0"]) == 0
+    result = json.loads((tmp_path / "rehearse_24gb-tiny.json").read_text())
+    assert result["failed"] is None
+    assert result["stopped"].startswith("0 s passed before a ")  # the first phase after loading was not opened
+    assert result["phases"]["load"]["seconds"] > 0
+    assert all(result["phases"][name]["seconds"] == 0 for name in ("rollout", "train", "eval", "diagnostics"))
+    assert result["step_times"] == {"math": [], "science": [], "tooluse": []}
+
+
+def test_the_meter_raises_at_its_deadline_and_not_before(tmp_path):
+    meter = rehearse_24gb.PhaseMeter(False, deadline=3600.0, progress=tmp_path / "progress.json")
+    meter.enter("rollout")
+    meter.leave()
+    assert set(json.loads((tmp_path / "progress.json").read_text())["seconds"]) == {"load", "rollout"}
+    meter.deadline = 0.0
+    try:
+        meter.enter("eval")
+    except rehearse_24gb.DeadlineReached as err:
+        assert str(err) == "0 s passed before a eval phase"
+    else:
+        raise AssertionError("no DeadlineReached past the deadline")
+    assert meter.stack == ["load"]  # the phase was not opened
+    meter.close()
