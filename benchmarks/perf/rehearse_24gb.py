@@ -159,6 +159,7 @@ class PhaseMeter:
         self.undo: list[tuple[Any, str, Any]] = []  # (owner, name, original) of every patch, restored by `close`
         self.failed_in: str | None = None  # the innermost phase an exception left
         self.t0, self.deadline, self.progress = start or self.t, deadline, progress
+        self.calls: dict[str, dict[str, float]] = defaultdict(lambda: {"n": 0, "seconds": 0.0})  # per wrapped function
         if cuda:
             self.torch.cuda.reset_peak_memory_stats()
             threading.Thread(target=self._poll, daemon=True).start()
@@ -192,6 +193,7 @@ class PhaseMeter:
         return {
             "elapsed_s": time.perf_counter() - self.t0,
             "seconds": dict(self.seconds),
+            "calls": dict(self.calls),
             "peaks": dict(self.peaks),
             "decode_step_s": {phase: spread(values) for phase, values in self.decode.items()},
         }
@@ -214,6 +216,7 @@ class PhaseMeter:
         @functools.wraps(original)
         def inside(*a: Any, **k: Any) -> Any:
             self.enter(phase)
+            t0 = time.perf_counter()
             try:
                 return original(*a, **k)
             except DeadlineReached:
@@ -222,6 +225,8 @@ class PhaseMeter:
                 self.failed_in = self.failed_in or phase
                 raise
             finally:
+                self.calls[name]["n"] += 1
+                self.calls[name]["seconds"] += time.perf_counter() - t0
                 self.leave()
 
         self.patch(owner, name, inside)
@@ -379,6 +384,7 @@ def rehearse(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "phases": phases,
         "plan_as_run": as_run,
         "plan_as_written": as_written,
+        "calls": dict(meter.calls),  # seconds per instrumented function (nested calls counted in each)
         "step_times": step_times(recipe, work / "run"),
         "decode_step_s": {phase: spread(values) for phase, values in meter.decode.items()},
         "micro_batches": events["micro_batch"],

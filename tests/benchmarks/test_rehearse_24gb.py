@@ -39,6 +39,13 @@ def test_tiny_rehearsal_measures_every_phase_beside_the_plan(tmp_path, monkeypat
     so_far = json.loads(progress.read_text())
     assert set(so_far["seconds"]) == {name for name, p in result["phases"].items() if p["seconds"] > 0}
     assert so_far["decode_step_s"] == result["decode_step_s"]
+    # seconds per instrumented function: each diagnostic once per stage, one training step per stage
+    assert {name: result["calls"][name]["n"] for name in ("teacher_lift", "response_drift", "stage_kl")} == {
+        "teacher_lift": 3,
+        "response_drift": 3,
+        "stage_kl": 3,
+    }
+    assert result["calls"]["train_on_batch"]["n"] == 3 and result["calls"]["train_on_batch"]["seconds"] > 0
     for name in ("load", "rollout", "train", "eval", "diagnostics"):  # each phase was entered and took time
         assert result["phases"][name]["seconds"] > 0, name
     # without vLLM (no CUDA here) auto runs the transformers engine, and the JSON says so
