@@ -30,7 +30,7 @@ is each generate call's time ÷ its longest response (the prefill included). Whe
 `rollout.engine: auto` runs the transformers engine, and `engine` in the JSON says so and why.
 
     python benchmarks/perf/rehearse_24gb.py                  # CUDA, every stage
-    python benchmarks/perf/rehearse_24gb.py --deadline-s 300 --progress progress.json   # a lent GPU's time-limited call:
+    python benchmarks/perf/rehearse_24gb.py --deadline-s 300 --progress progress.json  # a lent GPU, a call timed:
         # no phase opens after 300 s (the figures so far are the result, `stopped` says where); progress.json is
         # rewritten as each phase closes, so a killed call still leaves its figures
     python benchmarks/perf/rehearse_24gb.py --tiny --out runs/rehearse-tiny   # CPU, 2 layers: the code path, seconds
