@@ -2,6 +2,7 @@
 
     wall = estimate_wall_time(recipe, shape, rows=[8, 8, 8], card_gib=24, card="rtx4090")
     print(wall.render())   # the estimate, then every figure it used: measured, cited, derived or assumed
+    wall.parts["teacher_lift"].each_s   # one part: its seconds in all, how often it happens, each occurrence
 
 Owns the time model; each figure it uses is a `Figure` with its kind and source, and `render` lists them. No torch.
 
@@ -28,15 +29,17 @@ response is taken at the cap and every hybrid row as distilled (the measurement 
 without a measurement of its own takes another's (`STEP_PROXY`, said in the figures).
 
 Prompts: each stage's domain at its measured mean prompt (`PROMPT_TOKENS`, by the domain's format, from the real
-data files with a proxy tokenizer), a domain of another format at an assumed 300 tokens; evaluation and the drift
-probes at the mean over the recipe's domains.
+data files with a proxy tokenizer), a domain of another format at an assumed 300 tokens. Evaluation and the drift
+probes generate each domain's examples in calls of their own (`measure.evaluate.evaluate_all`,
+`measure.drift.response_drift`), so each domain is planned at its own prompt and batch.
 
 Generation. vLLM: a decode step at batch B on an RTX 4090 is tau(B) = tau_0 + tau_1 B, fitted by least squares to a
 cited bf16 7B sweep (`VLLM_SWEEP`: output tokens/s at 4 to 48 concurrent requests; no credit beyond 48), divided by
 the cited LoRA and bitsandbytes-4-bit throughput ratios (`VLLM_LORA_RATIO`, `VLLM_BNB_RATIO`, assumed independent),
 scaled by parameters / 7.25 B (the cited model) and, on another card, by the bandwidth ratio (decoding is
-memory-bound). A step's rollouts decode at B = the step's sequences; evaluation and diagnostics at B = what vLLM's
-KV cache holds of them (its share of the card, `rollout/vllm_memory.py`), at most 48. hf engine (transformers generate
+memory-bound). A step's rollouts decode at B = the step's sequences; evaluation and diagnostics in waves of B = what
+vLLM's KV cache holds of them (its share of the card, `rollout/vllm_memory.py`), at most 48, the last wave at what is
+left (every response at the cap, so a wave ends together). hf engine (transformers generate
 on the NF4 training model): a generate call of `rollout.batch_size` rows takes max_new_tokens decode steps of
 HF_DECODE_STEP_S (cited, batch 1) plus, above batch 1, bitsandbytes dequantising every weight to bf16 each step
 (0.52 + 2 + 2 bytes per parameter read and written, over the card's bandwidth: derived).
@@ -80,10 +83,17 @@ class Card:
     source: str
 
 
+# Data-center cards a run was measured on (not `--card` choices: the plan is for 24 GB cards); `estimate_wall_time`
+# takes them to set a measured run beside the model (benchmarks/perf/rehearsal_vs_plan.py).
 H100 = Card(
     "H100 SXM5 80 GB (the measured card, 'NVIDIA H100 80GB HBM3')", 3350.0, 989.4,
     "NVIDIA H100 datasheet, https://www.nvidia.com/en-us/data-center/h100/ : 3.35 TB/s; BF16 Tensor Core "
     "1,979 TFLOPS with sparsity, 989.4 dense",
+)  # fmt: skip
+H200 = Card(
+    "H200 SXM 141 GB ('NVIDIA H200')", 4800.0, 989.4,
+    "NVIDIA H200 datasheet, https://www.nvidia.com/en-us/data-center/h200/ : 4.8 TB/s; BF16 Tensor Core 1,979 "
+    "TFLOPS with sparsity, 989.4 dense",
 )  # fmt: skip
 CARDS = {
     "rtx4090": Card(
@@ -141,17 +151,61 @@ MEAN_PROMPT_TOKENS = 300  # assumed: a domain whose format has no measurement (e
 
 
 @dataclass
+class Part:
+    """One part of a run's time: `seconds` in all, over `count` occurrences (steps, stages, calls)."""
+
+    seconds: float = 0.0
+    count: int = 0
+
+    def add(self, seconds: float, times: int = 1) -> None:
+        self.seconds += seconds * times
+        self.count += times
+
+    @property
+    def each_s(self) -> float:
+        return self.seconds / self.count if self.count else 0.0
+
+
+# The parts of a run's time, and the phase of the summary each belongs to.
+PARTS = {
+    "train_step": "training",
+    "rollout_step": "rollouts",
+    "evaluation": "evaluation",
+    "teacher_lift": "diagnostics",
+    "stage_kl": "diagnostics",
+    "response_drift": "diagnostics",
+    "parameter_drift": "diagnostics",
+}
+
+
+@dataclass
 class WallTime:
-    train_s: float
-    rollout_s: float
-    eval_s: float
-    diagnostics_s: float
     card: str
+    parts: dict[str, Part]
     figures: list[Figure] = field(default_factory=list)
+
+    def phase_s(self, phase: str) -> float:
+        return sum(part.seconds for name, part in self.parts.items() if PARTS[name] == phase)
+
+    @property
+    def train_s(self) -> float:
+        return self.phase_s("training")
+
+    @property
+    def rollout_s(self) -> float:
+        return self.phase_s("rollouts")
+
+    @property
+    def eval_s(self) -> float:
+        return self.phase_s("evaluation")
+
+    @property
+    def diagnostics_s(self) -> float:
+        return self.phase_s("diagnostics")
 
     @property
     def total_s(self) -> float:
-        return self.train_s + self.rollout_s + self.eval_s + self.diagnostics_s
+        return sum(part.seconds for part in self.parts.values())
 
     def render(self) -> str:
         head = (
@@ -198,8 +252,10 @@ def vllm_decode_step_s(batch: int) -> float:
 class Timer:
     """The time model of one recipe on one card (see the module docstring)."""
 
-    def __init__(self, recipe: RecipeConfig, shape: Shape, card_gib: float, card: Card):
-        self.recipe, self.shape, self.card = recipe, shape, card
+    def __init__(
+        self, recipe: RecipeConfig, shape: Shape, card_gib: float, card: Card, prompt_tokens: float | None = None
+    ):
+        self.recipe, self.shape, self.card, self.prompt_tokens = recipe, shape, card, prompt_tokens
         self.params_b = (shape.linear_params() + shape.embedding_params()) / 1e9
         self.per_mb, self.per_token = card_factors(card)
         rollout = recipe.stages[0].rollout
@@ -211,12 +267,11 @@ class Timer:
             self.kv_tokens = max(0.0, kv) / kv_bytes(shape, 1)
 
     def prompt(self, domain: str) -> float:
-        """Mean prompt tokens of `domain`: measured for its format (`PROMPT_TOKENS`), else assumed."""
+        """Mean prompt tokens of `domain`: the timer's `prompt_tokens` if given, else measured for its format
+        (`PROMPT_TOKENS`), else assumed."""
+        if self.prompt_tokens is not None:
+            return self.prompt_tokens
         return PROMPT_TOKENS.get(self.recipe.domain(domain).format or "", (MEAN_PROMPT_TOKENS,))[0]
-
-    def mean_prompt(self) -> float:
-        """Mean prompt tokens over the recipe's domains (evaluation and drift probes ask every domain alike)."""
-        return sum(self.prompt(d.name) for d in self.recipe.domains) / len(self.recipe.domains)
 
     def train_step_s(self, stage: StageConfig, rows: int) -> float:
         group = stage.rollout.group_size
@@ -245,9 +300,11 @@ class Timer:
             return calls * new_tokens * (HF_DECODE_STEP_S + (dequant if rows > 1 else 0.0))
         fits = max(1, int(self.kv_tokens // (prompt + new_tokens)))  # what vLLM's KV cache holds at once
         together = min(sequences, fits, batch or sequences, VLLM_SWEEP[-1][0])  # no credit beyond the sweep
-        step = vllm_decode_step_s(together) * CARDS["rtx4090"].bandwidth_gbs / self.card.bandwidth_gbs
-        step *= self.params_b / VLLM_SWEEP_PARAMS_B / (VLLM_LORA_RATIO * VLLM_BNB_RATIO)
-        return math.ceil(sequences / together) * new_tokens * step
+        scale = CARDS["rtx4090"].bandwidth_gbs / self.card.bandwidth_gbs
+        scale *= self.params_b / VLLM_SWEEP_PARAMS_B / (VLLM_LORA_RATIO * VLLM_BNB_RATIO)
+        waves, rest = divmod(sequences, together)  # full waves, then the rest decoded together
+        steps = waves * vllm_decode_step_s(together) + (vllm_decode_step_s(rest) if rest else 0.0)
+        return new_tokens * steps * scale
 
     def drift_s(self) -> tuple[float, float]:
         """(per report, once per run) of parameter drift on the card."""
@@ -257,43 +314,54 @@ class Timer:
 
 
 def estimate_wall_time(
-    recipe: RecipeConfig, shape: Shape, rows: list[int], card_gib: float = 24.0, card: str = "rtx4090"
+    recipe: RecipeConfig,
+    shape: Shape,
+    rows: list[int],
+    card_gib: float = 24.0,
+    card: str | Card = "rtx4090",
+    prompt_tokens: float | None = None,
 ) -> WallTime:
-    """Training, rollout, evaluation and diagnostics seconds of the whole recipe on `card`; `rows`: each stage's
-    micro-batch (the plan's)."""
-    timer = Timer(recipe, shape, card_gib, CARDS[card])
+    """Training, rollout, evaluation and diagnostics seconds of the whole recipe on `card` (a `CARDS` key, or a
+    `Card`: `H100`, `H200` for a measured run); `rows`: each stage's micro-batch (the plan's); `prompt_tokens`: every
+    domain's prompt at this length instead of its format's measured mean (a run whose prompts are known, such as the
+    24 GB rehearsal's)."""
+    timer = Timer(recipe, shape, card_gib, CARDS[card] if isinstance(card, str) else card, prompt_tokens)
     cfg, eval_tokens = recipe.eval, recipe.eval_max_new_tokens
-    train = rollout = diagnostics = 0.0
+    parts: dict[str, Part] = {name: Part() for name in PARTS}
     drift_reports = 0
     for stage, micro in zip(recipe.stages, rows):
         steps, r = stage.optim.steps, stage.rollout
         n = stage.optim.prompts_per_step * r.group_size
-        train += steps * timer.train_step_s(stage, micro)
+        parts["train_step"].add(timer.train_step_s(stage, micro), steps)
         prompt = timer.prompt(stage.domain)
-        rollout += steps * timer.generate_s(n, prompt, r.max_new_tokens, batch=n)
+        parts["rollout_step"].add(timer.generate_s(n, prompt, r.max_new_tokens, batch=n), steps)
         if METHODS[stage.method].needs_teacher and cfg.teacher_lift_prompts:
             lift, context = cfg.teacher_lift_prompts, teacher_prompt_tokens(stage, round(prompt))
-            diagnostics += timer.generate_s(lift * r.group_size, prompt, r.max_new_tokens)
-            diagnostics += timer.generate_s(lift, prompt, eval_tokens)
-            diagnostics += timer.generate_s(lift * r.group_size, context, eval_tokens)
+            seconds = timer.generate_s(lift * r.group_size, prompt, r.max_new_tokens)  # a group sampled
+            seconds += timer.generate_s(lift, prompt, eval_tokens)  # the student, greedy
+            seconds += timer.generate_s(lift * r.group_size, context, eval_tokens)  # the teacher with its context
+            parts["teacher_lift"].add(seconds)
         if cfg.stage_kl_prompts:
-            diagnostics += timer.generate_s(cfg.stage_kl_prompts, prompt, r.max_new_tokens)
-            batches = math.ceil(
-                cfg.stage_kl_prompts / 4
-            )  # measure.policy_divergence.ROWS_PER_FORWARD responses a forward
-            diagnostics += 2 * batches * timer.forward_s(4, prompt + r.max_new_tokens)
+            batches = math.ceil(cfg.stage_kl_prompts / 4)  # measure.policy_divergence.ROWS_PER_FORWARD a forward
+            seconds = timer.generate_s(cfg.stage_kl_prompts, prompt, r.max_new_tokens)
+            parts["stage_kl"].add(seconds + 2 * batches * timer.forward_s(4, prompt + r.max_new_tokens))
         every = stage.monitor.drift_every
         drift_reports += int(cfg.parameter_drift) + (steps // every if every else 0)
-    if cfg.drift_probes:  # every domain's probes after each stage, then 2 forwards a batch of 4 a domain
-        per_stage = timer.generate_s(cfg.drift_probes * len(recipe.domains), timer.mean_prompt(), eval_tokens)
-        batches = len(recipe.domains) * math.ceil(cfg.drift_probes / 4)
-        per_stage += 2 * batches * timer.forward_s(4, timer.mean_prompt() + eval_tokens)
-        diagnostics += len(recipe.stages) * per_stage
+    domains = [timer.prompt(d.name) for d in recipe.domains]  # each domain generated in its own calls
+    if cfg.drift_probes:  # after each stage: every domain's probes, then 2 forwards a batch of 4 a domain
+        batches = math.ceil(cfg.drift_probes / 4)
+        per_stage = sum(
+            timer.generate_s(cfg.drift_probes, p, eval_tokens) + 2 * batches * timer.forward_s(4, p + eval_tokens)
+            for p in domains
+        )
+        parts["response_drift"].add(per_stage, len(recipe.stages))
     per_report, once = timer.drift_s()
-    diagnostics += drift_reports * per_report + (once if drift_reports else 0.0)
-    examples = cfg.examples_per_domain * len(recipe.domains)
-    evaluation = (len(recipe.stages) + 1) * timer.generate_s(examples, timer.mean_prompt(), eval_tokens)
-    return WallTime(train, rollout, evaluation, diagnostics, timer.card.name, figures(recipe, timer, rows))
+    if drift_reports:
+        parts["parameter_drift"].add(per_report, drift_reports)
+        parts["parameter_drift"].seconds += once
+    evaluation = sum(timer.generate_s(cfg.examples_per_domain, p, eval_tokens) for p in domains)
+    parts["evaluation"].add(evaluation, len(recipe.stages) + 1)  # before the first stage and after each
+    return WallTime(timer.card.name, parts, figures(recipe, timer, rows))
 
 
 def figures(recipe: RecipeConfig, timer: Timer, rows: list[int]) -> list[Figure]:

@@ -111,8 +111,9 @@ def test_generation_by_hand_on_vllm_and_on_the_hf_engine():
     holds = (0.42 * 24 * GIB - fixed) / (2 * 28 * 4 * 128 * 2) // (300 + 384)
     assert holds == 69
     assert timer.generate_s(700, 300, 384) == pytest.approx(
-        math.ceil(700 / 48) * 384 * wt.vllm_decode_step_s(48) * scale
+        384 * (14 * wt.vllm_decode_step_s(48) + wt.vllm_decode_step_s(700 - 14 * 48)) * scale  # the last wave: 28
     )
+    assert timer.generate_s(96, 300, 384) == pytest.approx(2 * 384 * wt.vllm_decode_step_s(48) * scale)  # no rest
     # hf: calls of rollout.batch_size 16, each step the cited batch-1 step + dequantising every NF4 weight
     hf = wt.Timer(hybrid("rollout.engine=hf"), SHAPE_7B, 24, wt.CARDS["rtx4090"])
     dequant = SHAPE_7B.linear_params() * (4.127 / 8 + 4) / 1008e9
@@ -132,13 +133,19 @@ def test_the_recipe_estimate_adds_its_parts_by_hand():
     # mean prompts: the three trained domains measured (gsm8k, SciKnowEval, ToolAlpaca), the four probes assumed
     prompts = [98.1, 309.6, 809.1]
     assert [timer.prompt(s.domain) for s in recipe.stages] == prompts
-    every_domain = (sum(prompts) + 4 * 300) / 7
-    assert timer.mean_prompt() == pytest.approx(every_domain)
+    assert [timer.prompt(d.name) for d in recipe.domains] == [*prompts, 300, 300, 300, 300]
     assert wall.train_s == pytest.approx(sum(150 * timer.train_step_s(s, 7) for s in recipe.stages))
     assert wall.rollout_s == pytest.approx(sum(150 * timer.generate_s(32, p, 384, batch=32) for p in prompts))
-    assert wall.eval_s == pytest.approx(4 * timer.generate_s(7 * 100, every_domain, 384))
+    # evaluation: before the first stage and after each, every domain's 100 examples in calls of their own
+    per_evaluation = sum(timer.generate_s(100, p, 384) for p in [*prompts, 300, 300, 300, 300])
+    assert wall.eval_s == pytest.approx(4 * per_evaluation)
     stage_kl = [timer.generate_s(16, p, 384) + 2 * 4 * timer.forward_s(4, p + 384) for p in prompts]
     assert wall.diagnostics_s == pytest.approx(sum(stage_kl))
+    # the parts: seconds in all and how often each happens
+    assert (wall.parts["train_step"].count, wall.parts["rollout_step"].count) == (450, 450)
+    assert (wall.parts["evaluation"].count, wall.parts["evaluation"].each_s) == (4, pytest.approx(per_evaluation))
+    assert wall.parts["stage_kl"].count == 3 and wall.parts["stage_kl"].each_s == pytest.approx(sum(stage_kl) / 3)
+    assert wall.parts["teacher_lift"].count == wall.parts["response_drift"].count == 0
     a, c = wt.step_constants("grpo")  # a forward: a quarter of GRPO's step
     assert timer.forward_s(4, 684) == pytest.approx(
         (a * 3350 / 1008 + 4 * 684 * c * 989.4 / 165.2) / 4 * PARAMS_7B / 7.6
@@ -164,3 +171,16 @@ def test_every_figure_says_its_kind_and_source():
     assert "bitsandbytes/issues/696" in hf and "vLLM" not in hf.split("time figures")[1]
     srpo = mp.plan_recipe(load_recipe(REPO / "recipes" / "srpo.yaml")).render()
     assert "assumed  H100 step, srpo (not measured: sdpo's)" in srpo
+
+
+def test_a_run_of_known_prompts_on_a_measured_card():
+    """The 24 GB rehearsal's case: every prompt 1,024 tokens, the transformers engine, an H200: the training step at
+    micro-batch 8 (2 groups of 8: U = 2) and a rollout's generate call by hand, on the H200's spec-sheet ratios."""
+    recipe = hybrid("rollout.engine=hf", "optim.prompts_per_step=2", "optim.steps=2")
+    wall = wt.estimate_wall_time(recipe, SHAPE_7B, [8, 8, 8], card=wt.H200, prompt_tokens=1024)
+    a, c = wt.step_constants("hybrid")
+    step = (2 * a * 3350 / 4800 + (2 * 1024 + 16 * 384) * c * 989.4 / 989.4) * PARAMS_7B / 7.6
+    assert wall.parts["train_step"].each_s == pytest.approx(step, rel=1e-12) and wall.parts["train_step"].count == 6
+    dequant = SHAPE_7B.linear_params() * (4.127 / 8 + 4) / 4800e9
+    assert wall.parts["rollout_step"].each_s == pytest.approx(384 * (1 / 12.2 + dequant), rel=1e-12)
+    assert wall.card == wt.H200.name
