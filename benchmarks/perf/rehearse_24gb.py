@@ -63,6 +63,7 @@ from provenance import markdown_table, provenance, spread  # noqa: E402
 CARD_GIB = 24.0
 GIB = 2**30
 FILLER = "Read the question below with care and answer it. "
+CHECKPOINT_LABEL = "<random checkpoint>"
 PHASES = ("load", "engine", "rollout", "train", "eval", "diagnostics")
 
 
@@ -365,6 +366,9 @@ def rehearse(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         engine["note"] = "vLLM was not used: the transformers engine was measured (rollouts and evaluation)"
     as_run = plan_phases(with_engine(recipe, engine["engine"]), args.prompt_tokens) if engine["engine"] != "?" else {}
     as_written = plan_phases(recipe, args.prompt_tokens)
+    for plan in (as_run, as_written):  # the plan names its model by path: a path of this machine
+        if "text" in plan:
+            plan["text"] = plan["text"].replace(str(checkpoint), CHECKPOINT_LABEL)
     phases = {}
     for name in PHASES:
         planned = as_run.get("phases", {}).get(name)

@@ -33,7 +33,9 @@ def test_tiny_rehearsal_measures_every_phase_beside_the_plan(tmp_path, monkeypat
     assert True in replayable  # CUDA's path: the training forwards share the group's prompt under checkpointing
     result = json.loads((tmp_path / "rehearse_24gb-tiny.json").read_text())
     assert result["failed"] is None and result["stopped"] is None
-    assert result["recipe"] == "recipes/hybrid.yaml"  # no path of the machine in a result
+    assert result["recipe"] == "recipes/hybrid.yaml"  # no path of the machine in a result, but the command's own
+    assert str(tmp_path) not in json.dumps({k: v for k, v in result.items() if k != "command"})
+    assert result["plan_as_run"]["text"].startswith(f"plan: {rehearse_24gb.CHECKPOINT_LABEL} on a 24 GiB GPU")
     assert list(result["phases"]) == list(rehearse_24gb.PHASES)
     # the progress file, rewritten as each phase closed, holds the figures up to the last phase's close
     so_far = json.loads(progress.read_text())
