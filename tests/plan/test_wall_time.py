@@ -5,7 +5,6 @@ shapes."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
