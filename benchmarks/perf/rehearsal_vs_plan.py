@@ -4,7 +4,7 @@ Reads the committed rehearsal results (`results/rehearse_24gb*.json`, made by re
 rebuilds the recipe each ran (`rehearse_24gb.rehearsal_raw` with the run's recorded changes and the engine that ran,
 the model named by its hub id: the random checkpoint has Qwen2.5-7B's shape) and checks that the memory plan of that
 recipe is the one the run recorded, phase for phase. Then it asks the wall-time model (`plan.wall_time`) for each
-part of that very run on the card that ran it (`wall_time.H200` / `H100`, every prompt at the rehearsal's length)
+part of that very run on the card that ran it (`throughputs.H200` / `H100`, every prompt at the rehearsal's length)
 and sets the measured figure beside it:
 
 - training step: a step's seconds less its rollout's (reward, teacher targets, forward and backward, optimiser), the
@@ -51,11 +51,11 @@ CALLS = {
 
 def card_of(device: str):
     """The wall-time model's card for the device a rehearsal ran on."""
-    from adaptercl.plan import wall_time
+    from adaptercl.plan import throughputs
 
-    cards = {"NVIDIA H200": wall_time.H200, "NVIDIA H100 80GB HBM3": wall_time.H100}
+    cards = {"NVIDIA H200": throughputs.H200, "NVIDIA H100 80GB HBM3": throughputs.H100}
     if device not in cards:
-        raise SystemExit(f"rehearsal_vs_plan: no spec-sheet card for device {device!r}; add it to plan.wall_time")
+        raise SystemExit(f"rehearsal_vs_plan: no spec-sheet card for device {device!r}; add it to plan.throughputs")
     return cards[device]
 
 
@@ -116,7 +116,8 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
     """The rehearsal's memory and time beside the plan's model of the same run."""
     from adaptercl.model.shapes import shape_of
     from adaptercl.plan.memory import plan_recipe
-    from adaptercl.plan.wall_time import HF_DECODE_STEP_S, estimate_wall_time
+    from adaptercl.plan.throughputs import HF_DECODE_STEP_S
+    from adaptercl.plan.wall_time import estimate_wall_time
 
     with tempfile.TemporaryDirectory(prefix="adaptercl-rehearsal-plan-") as tmp:
         recipe = recipe_as_run(result, Path(tmp))

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import adaptercl.plan.throughputs as tp
 import adaptercl.plan.wall_time as wt
 from adaptercl.cli import PLAN_CARDS
 from adaptercl.model.shapes import GIB, NF4_BITS, SHAPES, base_bytes, lora_params
@@ -176,10 +177,10 @@ def test_a_run_of_known_prompts_on_a_measured_card():
     """The 24 GB rehearsal's case: every prompt 1,024 tokens, the transformers engine, an H200: the training step at
     micro-batch 8 (2 groups of 8: U = 2) and a rollout's generate call by hand, on the H200's spec-sheet ratios."""
     recipe = hybrid("rollout.engine=hf", "optim.prompts_per_step=2", "optim.steps=2")
-    wall = wt.estimate_wall_time(recipe, SHAPE_7B, [8, 8, 8], card=wt.H200, prompt_tokens=1024)
+    wall = wt.estimate_wall_time(recipe, SHAPE_7B, [8, 8, 8], card=tp.H200, prompt_tokens=1024)
     a, c = wt.step_constants("hybrid")
     step = (2 * a * 3350 / 4800 + (2 * 1024 + 16 * 384) * c * 989.4 / 989.4) * PARAMS_7B / 7.6
     assert wall.parts["train_step"].each_s == pytest.approx(step, rel=1e-12) and wall.parts["train_step"].count == 6
     dequant = SHAPE_7B.linear_params() * (4.127 / 8 + 4) / 4800e9
     assert wall.parts["rollout_step"].each_s == pytest.approx(384 * (1 / 12.2 + dequant), rel=1e-12)
-    assert wall.card == wt.H200.name
+    assert wall.card == tp.H200.name
