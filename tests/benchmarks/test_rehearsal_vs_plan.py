@@ -54,3 +54,16 @@ def test_a_result_whose_plan_is_not_its_recipes_is_refused():
     with pytest.raises(SystemExit, match="rebuilt recipe's plan"):
         rvp.compare(tampered)
     assert rvp.compare(result)["card"].startswith("H200")
+
+
+def test_the_plans_check_figures_are_the_rehearsals_ratios():
+    """`plan.throughputs.REHEARSAL_CHECK` (printed by `recipe plan`) is what the committed rehearsals give: each part
+    from the first result that measured it, rounded as printed."""
+    from adaptercl.plan.throughputs import REHEARSAL_CHECK
+
+    ratios = {}
+    for name in rvp.RESULTS:
+        for part, _, _, _, ratio in rvp.compare(json.loads((RESULTS / name).read_text()))["time"]:
+            ratios.setdefault(part, round(ratio, 2))
+    assert REHEARSAL_CHECK == {part: ratios[part] for part in REHEARSAL_CHECK}
+    assert set(REHEARSAL_CHECK) == {part for part in ratios if "first" not in part}
