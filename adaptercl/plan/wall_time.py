@@ -130,30 +130,14 @@ class WallTime:
         return sum(part.seconds for name, part in self.parts.items() if PARTS[name] == phase)
 
     @property
-    def train_s(self) -> float:
-        return self.phase_s("training")
-
-    @property
-    def rollout_s(self) -> float:
-        return self.phase_s("rollouts")
-
-    @property
-    def eval_s(self) -> float:
-        return self.phase_s("evaluation")
-
-    @property
-    def diagnostics_s(self) -> float:
-        return self.phase_s("diagnostics")
-
-    @property
     def total_s(self) -> float:
         return sum(part.seconds for part in self.parts.values())
 
     def render(self) -> str:
+        phases = " + ".join(f"{phase} {self.phase_s(phase) / 3600:.1f} h" for phase in dict.fromkeys(PARTS.values()))
         head = (
             f"wall time on an {self.card}-class card (every response at the cap): ~{self.total_s / 3600:.1f} h = "
-            f"training {self.train_s / 3600:.1f} h + rollouts {self.rollout_s / 3600:.1f} h + evaluation "
-            f"{self.eval_s / 3600:.1f} h + diagnostics {self.diagnostics_s / 3600:.1f} h"
+            f"{phases}"
         )
         rows = [f"  {f.kind:<8} {f.what}: {f.value} ({f.source})" for f in self.figures]
         return "\n".join([head, "time figures (adaptercl/plan/wall_time.py):", *rows])

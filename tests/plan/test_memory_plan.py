@@ -192,7 +192,7 @@ def test_recipe_headers_quote_the_plan_and_the_wall_time(name):
     plan = mp.plan_recipe(load_recipe(path), gpu_memory_gib=24)
     header = " ".join(line.lstrip("# ") for line in path.read_text().splitlines() if line.startswith("#"))
     assert f"~{plan.wall_time.total_s / 3600:.0f} h on an RTX 4090-class card" in header
-    assert f"training {plan.wall_time.train_s / 3600:.1f} h" in header
+    assert f"training {plan.wall_time.phase_s('training') / 3600:.1f} h" in header
     assert f"predicted peak {plan.phases[0].gib:.1f} GiB" in header.replace("\n", " ")
     assert f"--method {name.removesuffix('.yaml')} " in header
 

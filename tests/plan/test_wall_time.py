@@ -134,13 +134,15 @@ def test_the_recipe_estimate_adds_its_parts_by_hand():
     prompts = [98.1, 309.6, 809.1]
     assert [timer.prompt(s.domain) for s in recipe.stages] == prompts
     assert [timer.prompt(d.name) for d in recipe.domains] == [*prompts, 300, 300, 300, 300]
-    assert wall.train_s == pytest.approx(sum(150 * timer.train_step_s(s, 7) for s in recipe.stages))
-    assert wall.rollout_s == pytest.approx(sum(150 * timer.generate_s(32, p, 384, batch=32) for p in prompts))
+    assert wall.phase_s("training") == pytest.approx(sum(150 * timer.train_step_s(s, 7) for s in recipe.stages))
+    assert wall.phase_s("rollouts") == pytest.approx(
+        sum(150 * timer.generate_s(32, p, 384, batch=32) for p in prompts)
+    )
     # evaluation: before the first stage and after each, every domain's 100 examples in calls of their own
     per_evaluation = sum(timer.generate_s(100, p, 384) for p in [*prompts, 300, 300, 300, 300])
-    assert wall.eval_s == pytest.approx(4 * per_evaluation)
+    assert wall.phase_s("evaluation") == pytest.approx(4 * per_evaluation)
     stage_kl = [timer.generate_s(16, p, 384) + 2 * 4 * timer.forward_s(4, p + 384) for p in prompts]
-    assert wall.diagnostics_s == pytest.approx(sum(stage_kl))
+    assert wall.phase_s("diagnostics") == pytest.approx(sum(stage_kl))
     # the parts: seconds in all and how often each happens
     assert (wall.parts["train_step"].count, wall.parts["rollout_step"].count) == (450, 450)
     assert (wall.parts["evaluation"].count, wall.parts["evaluation"].each_s) == (4, pytest.approx(per_evaluation))
@@ -150,10 +152,12 @@ def test_the_recipe_estimate_adds_its_parts_by_hand():
     assert timer.forward_s(4, 684) == pytest.approx(
         (a * 3350 / 1008 + 4 * 684 * c * 989.4 / 165.2) / 4 * PARAMS_7B / 7.6
     )
-    assert wall.total_s == pytest.approx(wall.train_s + wall.rollout_s + wall.eval_s + wall.diagnostics_s)
+    assert wall.total_s == pytest.approx(
+        wall.phase_s("training") + wall.phase_s("rollouts") + wall.phase_s("evaluation") + wall.phase_s("diagnostics")
+    )
     off = hybrid("eval.teacher_lift_prompts=0", "eval.drift_probes=0", "eval.parameter_drift=false",
                  "eval.stage_kl_prompts=0")  # fmt: skip
-    assert wt.estimate_wall_time(off, SHAPE_7B, rows).diagnostics_s == 0.0
+    assert wt.estimate_wall_time(off, SHAPE_7B, rows).phase_s("diagnostics") == 0.0
 
 
 def test_every_figure_says_its_kind_and_source():
