@@ -116,8 +116,7 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
     """The rehearsal's memory and time beside the plan's model of the same run."""
     from adaptercl.model.shapes import shape_of
     from adaptercl.plan.memory import plan_recipe
-    from adaptercl.plan.throughputs import HF_DECODE_STEP_S
-    from adaptercl.plan.wall_time import estimate_wall_time
+    from adaptercl.plan.wall_time import Timer, estimate_wall_time
 
     with tempfile.TemporaryDirectory(prefix="adaptercl-rehearsal-plan-") as tmp:
         recipe = recipe_as_run(result, Path(tmp))
@@ -140,10 +139,11 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
         model = wall.parts[part.split(" (")[0]].each_s
         median = statistics.median(values)
         time_rows.append([part, len(values), median, model, median / model if model else None])
-    dequant = shape.linear_params() * (4.127 / 8 + 4) / (card.bandwidth_gbs * 1e9)
+    timer = Timer(recipe, shape, result["card"]["capped_to_gib"], card, prompt_tokens(result))
+    one, more = (timer.generate_s(rows, prompt_tokens(result), 1) for rows in (1, 2))  # one decode step
     decode_rows = []
     for phase, spread in result["decode_step_s"].items():
-        model = f"{HF_DECODE_STEP_S:.3f} / {HF_DECODE_STEP_S + dequant:.3f}"  # one row / more (dequantising)
+        model = f"{one:.3f} / {more:.3f}"  # one row / more (dequantising)
         decode_rows.append([phase, spread["n"], spread["median"], spread["min"], spread["max"], model])
     memory_rows = [
         [
