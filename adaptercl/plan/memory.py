@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 from adaptercl.model import GIB, Shape, base_bytes, gib, kv_bytes, lora_params, shape_of
+from adaptercl.plan import rehearsal_check
 from adaptercl.plan.diagnostics_memory import diagnostics_parts, drift_cache_bytes, runs_parameter_drift
 from adaptercl.plan.step_memory import C0_GIB, entropy_pass_terms, frozen_params, train_terms, train_workload
 from adaptercl.plan.wall_time import WallTime, estimate_wall_time
@@ -271,6 +272,7 @@ def _notes(shape: Shape, recipe: RecipeConfig, written: RecipeConfig, prompt: in
                  "sleep mode): its whole claim stays")  # fmt: skip
         notes.append(f"vLLM claims {share:g} of the card = {share * card:.1f} GiB ({how}{_detail(need)} with "
                      f"{PROMPT_TOKENS}-token prompts); {sleep}")  # fmt: skip
+    notes.append(rehearsal_check.memory_line())
     return notes
 
 

@@ -94,17 +94,3 @@ PROMPT_TOKENS_SOURCE = (
     "gsm8k and sciknoweval train prompt, 64 tooluse prompts)"
 )
 MEAN_PROMPT_TOKENS = 300  # assumed: a domain whose format has no measurement (e.g. the retention probes)
-
-# The model checked against a real run: the 24 GB rehearsal on an H200 capped at 24 GiB (transformers engine, every
-# prompt 1,024 tokens, responses at the 384 cap), each part's measured seconds / this model's seconds for that very
-# run on the H200 (benchmarks/perf/rehearsal_vs_plan.py; tests/benchmarks/test_rehearsal_vs_plan.py recomputes them).
-REHEARSAL_CHECK = {
-    "train_step": 1.33,
-    "rollout_step": 0.84,
-    "evaluation": 0.59,
-    "teacher_lift": 1.08,
-    "stage_kl": 0.75,
-    "response_drift": 0.63,
-    "parameter_drift": 0.76,
-}
-REHEARSAL_SOURCE = "benchmarks/perf/results/rehearse_24gb.md (NVIDIA H200 capped at 24 GiB, NF4 Qwen2.5-7B shape)"

@@ -57,6 +57,7 @@ import math
 from dataclasses import dataclass, field
 
 from adaptercl.model import GIB, Shape, gib, kv_bytes
+from adaptercl.plan import rehearsal_check
 from adaptercl.plan.diagnostics_memory import drift_method
 from adaptercl.plan.step_memory import teacher_prompt_tokens
 from adaptercl.plan.throughputs import (
@@ -73,8 +74,6 @@ from adaptercl.plan.throughputs import (
     PROMPT_TOKENS,
     PROMPT_TOKENS_SOURCE,
     REFERENCE_PARAMS_B,
-    REHEARSAL_CHECK,
-    REHEARSAL_SOURCE,
     STEP_PROXY,
     STEPS,
     STEPS_SOURCE,
@@ -332,9 +331,8 @@ def figures(recipe: RecipeConfig, timer: Timer, rows: list[int]) -> list[Figure]
         ]
     drift = f"{DRIFT_REPORT_S['lowrank'][0]:g} s lowrank, {DRIFT_REPORT_S['exact'][0]:g} s exact, x {f_tok:.2f}"
     out.append(Figure("parameter drift report on the H100", drift, "measured", DRIFT_SOURCE))
-    check = ", ".join(f"{part.replace('_', ' ')} {ratio:.2f}" for part, ratio in REHEARSAL_CHECK.items())
     what = "this model checked on an H200 (transformers engine), measured / model"
-    out.append(Figure(what, check, "measured", REHEARSAL_SOURCE))
+    out.append(Figure(what, rehearsal_check.time_line(), "measured", rehearsal_check.SOURCE))
     measured = [d for d in recipe.domains if (d.format or "") in PROMPT_TOKENS]
     others = [d.name for d in recipe.domains if d not in measured]
     if measured:

@@ -56,14 +56,17 @@ def test_a_result_whose_plan_is_not_its_recipes_is_refused():
     assert rvp.compare(result)["card"].startswith("H200")
 
 
-def test_the_plans_check_figures_are_the_rehearsals_ratios():
-    """`plan.throughputs.REHEARSAL_CHECK` (printed by `recipe plan`) is what the committed rehearsals give: each part
-    from the first result that measured it, rounded as printed."""
-    from adaptercl.plan.throughputs import REHEARSAL_CHECK
+def test_the_plans_check_figures_are_the_rehearsals():
+    """`plan.rehearsal_check` (printed by `recipe plan`) is what the committed rehearsals give: each time ratio from
+    the first result that measured it, the memory of the first result, rounded as written there."""
+    from adaptercl.plan import rehearsal_check
 
-    ratios = {}
+    ratios, memory = {}, None
     for name in rvp.RESULTS:
-        for part, _, _, _, ratio in rvp.compare(json.loads((RESULTS / name).read_text()))["time"]:
+        comparison = rvp.compare(json.loads((RESULTS / name).read_text()))
+        for part, _, _, _, ratio in comparison["time"]:
             ratios.setdefault(part, round(ratio, 2))
-    assert REHEARSAL_CHECK == {part: ratios[part] for part in REHEARSAL_CHECK}
-    assert set(REHEARSAL_CHECK) == {part for part in ratios if "first" not in part}
+        memory = memory or {row[0]: (round(row[1], 2), round(row[4], 2)) for row in comparison["memory"] if row[4]}
+    assert rehearsal_check.TIME_RATIO == {part: ratios[part] for part in rehearsal_check.TIME_RATIO}
+    assert set(rehearsal_check.TIME_RATIO) == {part for part in ratios if "first" not in part}
+    assert rehearsal_check.MEMORY_GIB == memory
