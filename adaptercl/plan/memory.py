@@ -9,7 +9,7 @@ Owns the four GPU phases of a stage, each the worst over the stages, the `auto` 
                  card during the step (a sleeping vLLM, `rollout.vllm_memory.step_companions`), the spectra parameter
                  drift keeps on the card once it has run, and for `hybrid.distill_on: high_entropy` the entropy pass
                  before the step when that is larger; rows = `optim.split_rows` of the step's sequences, or with
-                 `optim.micro_batch_size: auto` the largest micro-batch whose peak x (1 + MICRO_BATCH_MARGIN) fits
+                 `optim.micro_batch_size: auto` the fastest micro-batch whose peak x (1 + MICRO_BATCH_MARGIN) fits
     rollout      generation on the recipe's engine at rollout.max_new_tokens: hf = the trainer's resident memory
                  (base, adapters, AdamW state) + bf16 KV cache of `rollout.batch_size` sequences + one prefill layer
                  + decode logits; vLLM = the trainer's resident memory + its claim, gpu_memory_utilization x the card
@@ -30,7 +30,7 @@ from adaptercl.model import GIB, Shape, base_bytes, gib, kv_bytes, lora_params, 
 from adaptercl.plan import rehearsal_check
 from adaptercl.plan.diagnostics_memory import diagnostics_parts, drift_cache_bytes, runs_parameter_drift
 from adaptercl.plan.step_memory import C0_GIB, entropy_pass_terms, frozen_params, train_terms, train_workload
-from adaptercl.plan.wall_time import WallTime, estimate_wall_time
+from adaptercl.plan.wall_time import WallTime, estimate_wall_time, step_s
 from adaptercl.recipe import ENGINES, RecipeConfig, StageConfig
 from adaptercl.rollout import (
     PROMPT_TOKENS,
@@ -119,9 +119,13 @@ def step_terms(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, card
 def auto_micro_batch(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, card_gib: float,
                      sequences: int | None = None, checkpointing: bool | None = None,
                      chunk: int | str | None = "recipe") -> MicroBatchPlan:  # fmt: skip
-    """The largest micro-batch (at most `sequences`, default the step's) of stage `index` whose planned step peak
-    (`step_terms`: with what shares the card) times 1 + MICRO_BATCH_MARGIN fits the card less the CUDA context; 1
-    when none does (the plan then says the step does not fit)."""
+    """The fastest micro-batch (at most `sequences`, default the step's) of stage `index` among those whose planned
+    step peak (`step_terms`: with what shares the card) times 1 + MICRO_BATCH_MARGIN fits the card less the CUDA
+    context, the larger of equals; 1 when none fits (the plan then says the step does not fit). Fastest by the
+    measured H100 step's model (`wall_time.step_s`, prompts of `prompt` tokens): with a group's prompt computed once
+    per micro-batch, a micro-batch that splits groups can be slower than a smaller one that does not (32 rows in
+    groups of 8: micro-batches of 8 compute 4 prompts a step, of 9 rows 7), and need more memory too (a micro-batch
+    of 9 rows holds 2 prompts, one of 8 rows 1), so every size is tried."""
     stage = recipe.stages[index]
     sequences = sequences or stage.optim.prompts_per_step * stage.rollout.group_size
     limit = card_gib - CUDA_CONTEXT_GIB
@@ -129,9 +133,8 @@ def auto_micro_batch(shape: Shape, recipe: RecipeConfig, index: int, prompt: int
     def peak(rows: int) -> float:
         return gib(step_terms(shape, recipe, index, prompt, card_gib, rows, checkpointing=checkpointing, chunk=chunk))
 
-    rows = 1
-    while rows < sequences and peak(rows + 1) * (1 + MICRO_BATCH_MARGIN) <= limit:
-        rows += 1
+    fitting = [b for b in range(sequences, 0, -1) if peak(b) * (1 + MICRO_BATCH_MARGIN) <= limit]
+    rows = min(fitting, key=lambda b: step_s(stage, sequences, b, prompt)) if fitting else 1  # ties: the larger
     return MicroBatchPlan(rows, peak(rows), limit)
 
 
@@ -260,7 +263,7 @@ def _notes(shape: Shape, recipe: RecipeConfig, written: RecipeConfig, prompt: in
     if auto:
         chosen = [auto_micro_batch(shape, recipe, i, prompt, card) for i in auto]
         each = ", ".join(f"{recipe.stages[i].name} {c.rows} ({c.peak_gib:.1f} GiB)" for i, c in zip(auto, chosen))
-        notes.append(f"optim.micro_batch_size auto (the largest micro-batch whose planned step x "
+        notes.append(f"optim.micro_batch_size auto (the fastest micro-batch whose planned step x "
                      f"{1 + MICRO_BATCH_MARGIN:g} fits {chosen[0].limit_gib:g} GiB): {each}")  # fmt: skip
     rollout = recipe.stages[0].rollout
     if ENGINES[rollout.engine].needs_local_vllm:

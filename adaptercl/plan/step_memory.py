@@ -2,17 +2,21 @@
 
     terms = train_terms(shape, "nf4", train_workload(shape, stage, index, prompt=1024, rows=8))
 
-One micro-batch of `rows` sequences of T = prompt + response tokens (R response tokens), every row's prompt counted:
-the training forward computes a group's shared prompt once (`model/prefix_sharing.py`) and keeps its key/value cache
-repeated per row instead, 4 x kv_heads x head_dim bytes a token and layer against the 2 x hidden of a layer input
-it saves (Qwen2.5-7B: 2 KiB against 7 KiB), so the plain layout counted here is an upper bound wherever a
-micro-batch holds at least 1.4 rows per prompt (U / N <= 5/7; the shipped recipes' groups of 8 hold 3.5 or more):
+One micro-batch of `rows` sequences of P prompt and R response tokens, holding the rows of `prompts` distinct
+prompts (U: the most groups a run of `rows` rows spans in rollout order, `micro_batch_prompts`; what
+`train/micro_batch_rows.py` keeps every micro-batch within). When U < rows the training forward takes the
+prefix-shared layout (`model/prefix_sharing.py`): each prompt computed once, U x P + rows x R positions instead of
+rows x (P + R), with each prompt's key/value cache repeated for its rows (`model.shapes.kv_bytes` of rows x P
+tokens) and kept through the rows' forward and backward. Without sharing (U = rows: distinct prompts, or SDFT's one
+sample a prompt) every term is the plain layout's, the layout the constants below were fitted on:
 
     base       NF4 linears at 4.127 bits/param (`model.shapes.base_bytes`) + bf16 embeddings, lm_head, norms
     adapters   trainable LoRA x (4 weight + 4 grad + 8 AdamW) bytes, frozen adapters (earlier stages', the
                teacher's: stage_start/lag/trust_region/restart_freeze/gated a copy, ema rank ema_rank) x 4 bytes
-    activ.     no checkpointing: rows x T x layers x (hidden + intermediate) x 2 bytes x C_ACT;
-               checkpointing: rows x T x layers x hidden x 2 bytes (the layer inputs) + one layer's worth recomputed
+    activ.     of the positions computed (N = rows x (P + R), or U x P + rows x R shared): no checkpointing:
+               N x layers x (hidden + intermediate) x 2 bytes x C_ACT; checkpointing: N x layers x hidden x 2 bytes
+               (the layer inputs) + one layer's worth recomputed, of the larger of the two forwards when shared (the
+               prompts' U x P and the rows' rows x R run one after the other), + the repeated key/value cache
     logits     rows x min(R, chunk) x vocab x 4 bytes x (student copies + teacher copies of the divergence support)
     no_grad_forward   the largest forward without gradient run while the student's activations are kept (the
                teacher on its prompt, the previous stage's policy for regularizers.kl_prev, the base for
@@ -46,7 +50,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from adaptercl.model import GIB, Shape, base_bytes, lora_params
+from adaptercl.model import GIB, Shape, base_bytes, kv_bytes, lora_params
 from adaptercl.recipe import METHODS, StageConfig
 
 # Fitted on benchmarks/perf/results/cuda_7b_memory.json (see the module docstring; fit_memory_plan.py refits).
@@ -69,6 +73,7 @@ class TrainWorkload:
     rows: int
     prompt: int
     response: int
+    prompts: int  # distinct prompts among the rows (U); rows: no prefix sharing
     checkpointing: bool
     chunk: int | None  # positions of full-vocabulary logits at once (None: all)
     support: str  # teacher divergence support: none, sampled, topk, full
@@ -89,9 +94,13 @@ def no_grad_layer_bytes(shape: Shape, rows: int, tokens: int, dtype_bytes: int =
 
 def train_terms(shape: Shape, quantization: str, w: TrainWorkload) -> dict[str, float]:
     """Peak bytes of one training micro-batch, by term (only the terms the workload has)."""
-    tokens = w.rows * (w.prompt + w.response)
-    layer = tokens * (shape.hidden + shape.intermediate) * 2 * C_ACT  # one layer's kept activations, bf16
-    activ = tokens * shape.layers * shape.hidden * 2 + layer if w.checkpointing else layer * shape.layers
+    shared = w.prompts < w.rows  # the prefix-shared layout (see the module docstring)
+    tokens = w.prompts * w.prompt + w.rows * w.response if shared else w.rows * (w.prompt + w.response)
+    widest = max(w.prompts * w.prompt, w.rows * w.response) if shared else tokens  # one forward's positions
+    layer = (shape.hidden + shape.intermediate) * 2 * C_ACT  # one layer's kept activations per position, bf16
+    inputs = tokens * shape.layers * shape.hidden * 2  # each layer's input, kept under checkpointing
+    activ = inputs + widest * layer if w.checkpointing else tokens * layer * shape.layers
+    activ += kv_bytes(shape, w.rows * w.prompt) if shared else 0.0  # each prompt's cache repeated for its rows
     positions = min(w.response, w.chunk) if w.chunk else w.response
     one_logits = w.rows * positions * shape.vocab * 4  # [rows, positions, V] float32
     copies = STUDENT_LOGIT_COPIES["chunked" if w.chunk else "full"] + TEACHER_LOGIT_COPIES[w.support]
@@ -154,6 +163,7 @@ def train_workload(shape: Shape, stage: StageConfig, index: int, prompt: int, ro
         rows=rows,
         prompt=prompt,
         response=stage.rollout.max_new_tokens,
+        prompts=micro_batch_prompts(sequences, rows, stage.rollout.group_size),
         checkpointing=ckpt,
         chunk=resolved_chunk(stage, chunk),
         support=stage.distill.support if teacher else "none",
@@ -165,6 +175,12 @@ def train_workload(shape: Shape, stage: StageConfig, index: int, prompt: int, ro
         trust_region=teacher and stage.distill.teacher.kind == "trust_region",
         step_hidden_rows=sequences if stage.method == "srpo" else 0,
     )
+
+
+def micro_batch_prompts(sequences: int, rows: int, group: int) -> int:
+    """U: the most groups (of `group` samples of one prompt, side by side) that a micro-batch of `rows` of a step's
+    `sequences` in rollout order holds; `rows` when no two of its rows share a prompt."""
+    return max(len({i // group for i in range(s, min(sequences, s + rows))}) for s in range(0, sequences, rows))
 
 
 def entropy_pass_terms(shape: Shape, quantization: str, w: TrainWorkload) -> dict[str, float]:

@@ -166,6 +166,17 @@ def prefix_runs(sequences: int, rows: int, group: int) -> int:
     return sum(len({i // group for i in range(s, min(sequences, s + rows))}) for s in range(0, sequences, rows))
 
 
+def step_s(stage: StageConfig, sequences: int, rows: int, prompt: float, per_mb: float = 1.0,
+           per_token: float = 1.0) -> float:  # fmt: skip
+    """t(b) of one optimisation pass over `sequences` of the stage in micro-batches of `rows`, prompts of `prompt`
+    tokens and responses at the cap: ceil(n / b) A + (U(b) P + n R) C, on the H100 (the measured card) unless the
+    card's factors `per_mb`, `per_token` are given; at the measured shape (7.6 B parameters)."""
+    a, c = step_constants(stage.method)
+    group, response = stage.rollout.group_size, stage.rollout.max_new_tokens
+    tokens = prefix_runs(sequences, rows, group) * prompt + sequences * response
+    return math.ceil(sequences / rows) * a * per_mb + tokens * c * per_token
+
+
 def vllm_decode_step_s(batch: int) -> float:
     """tau(B) of the cited bf16 sweep: least squares of B / (tokens/s) on B."""
     xs, ys = [b for b, _ in VLLM_SWEEP], [b / tps for b, tps in VLLM_SWEEP]
@@ -199,13 +210,9 @@ class Timer:
         return PROMPT_TOKENS.get(self.recipe.domain(domain).format or "", (MEAN_PROMPT_TOKENS,))[0]
 
     def train_step_s(self, stage: StageConfig, rows: int) -> float:
-        group = stage.rollout.group_size
-        n = stage.optim.prompts_per_step * group
-        per_mb, per_token = step_constants(stage.method)
-        scale = self.params_b / REFERENCE_PARAMS_B
-        tokens = prefix_runs(n, rows, group) * self.prompt(stage.domain) + n * stage.rollout.max_new_tokens
-        one = math.ceil(n / rows) * per_mb * self.per_mb + tokens * per_token * self.per_token
-        return one * scale * stage.grpo.iterations
+        n = stage.optim.prompts_per_step * stage.rollout.group_size
+        one = step_s(stage, n, rows, self.prompt(stage.domain), self.per_mb, self.per_token)
+        return one * self.params_b / REFERENCE_PARAMS_B * stage.grpo.iterations
 
     def forward_s(self, rows: int, tokens: int) -> float:
         """One no-grad forward of `rows` sequences of `tokens`: a quarter of GRPO's step (see the docstring)."""

@@ -14,7 +14,9 @@ its longest response. The training step cuts every micro-batch to its own rows' 
 "Cheapest" counts the positions the student's forward computes (`forward_positions`: the plain [n, P'+R'] layout,
 or the prefix-shared one when `model.batching.response_logits` would take it), ties going to the earlier order; the
 attention's quadratic part and the teacher's forward are not counted. One micro-batch keeps the rollout order (the
-batch as it is).
+batch as it is). An order is taken only if none of its micro-batches computes more positions than the rollout
+order's largest: the memory plan (`plan/step_memory.py`) sizes a micro-batch by the groups a run of rows in rollout
+order spans, and a sorted order that puts rows of many prompts together could need more than that.
 
 The order does not change the update: each micro-batch's loss uses the whole batch's denominators and every
 aggregation is a sum of per-sequence terms (`train.losses.micro_batch_aggregate`), so the micro-batches' gradients
@@ -92,5 +94,9 @@ def micro_batch_rows(batch: TokenBatch, micro: int, share_prompts: bool) -> tupl
     if micro >= n:
         return "rollout", [slice(0, n)]
     candidates = {name: split_order(order(batch), micro) for name, order in ORDERS.items()}
-    name = min(candidates, key=lambda key: order_cost(batch, candidates[key], share_prompts))  # ties: first
+    positions = {name: [forward_positions(trim_padding(batch.select(rows)), share_prompts) for rows in parts]
+                 for name, parts in candidates.items()}  # fmt: skip
+    bound = max(positions["rollout"])  # what the memory plan sizes a micro-batch for
+    admissible = [name for name in candidates if max(positions[name]) <= bound]
+    name = min(admissible, key=lambda key: sum(positions[key]))  # ties: first
     return name, candidates[name]

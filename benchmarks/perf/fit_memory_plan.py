@@ -35,6 +35,7 @@ def measured() -> list[tuple[str, sm.TrainWorkload, float]]:
         chunk = {"auto": 1024, "off": None}.get(w["logits_chunk_size"], w["logits_chunk_size"])
         workload = sm.TrainWorkload(
             rows=w["sequences"] // w["grad_accum"], prompt=w["prompt_len"], response=w["response_len"],
+            prompts=w["sequences"] // w["grad_accum"],  # cuda_7b_memory's prompts are all distinct: no sharing
             checkpointing=w["activation_checkpointing"], chunk=chunk, support=SUPPORT[w["method"]],
             trainable=trainable, frozen=TEACHER_COPY[w["method"]] * trainable,
             teacher_prompt=w["prompt_len"] + w["teacher_extra"] if SUPPORT[w["method"]] != "none" else 0,

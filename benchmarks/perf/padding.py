@@ -2,7 +2,7 @@
 after length-sorted, trimmed micro-batches (`adaptercl/train/micro_batch_rows.py`, `model/batching.trim_padding`).
 
 The workload is the shipped 24 GB recipes' (recipes/grpo.yaml, sdpo.yaml, hybrid.yaml): 4 prompts x 8 samples = 32
-sequences a step, responses capped at 384 tokens, micro-batches of 11 (grpo), 6 (sdpo) and 8 (hybrid) rows, what
+sequences a step, responses capped at 384 tokens, micro-batches of 16 (grpo), 7 (sdpo, srpo) and 8 (hybrid) rows, what
 `optim.micro_batch_size: auto` picks on a 24 GiB card (the recipes' plan comments), and 2 rows, their split without
 CUDA (`grad_accum: 16`). Domains: GSM8K (../shared/data/gsm8k), SciKnowEval L3 chemistry
 (../shared/data/sciknoweval/chemistry) and ToolAlpaca (../shared/data/tooluse/test.jsonl, the only split here), loaded
@@ -57,9 +57,9 @@ DOMAINS: dict[str, tuple[int, dict[str, Any]]] = {
 PROMPTS_PER_STEP, GROUP, MAX_NEW_TOKENS = 4, 8, 384  # recipes/{grpo,sdpo,hybrid}.yaml
 MICRO_BATCHES = {  # rows per micro-batch -> where the shipped recipes use it
     2: "without CUDA (grad_accum 16)",
-    6: "sdpo.yaml, auto on 24 GiB",
+    7: "sdpo.yaml and srpo.yaml, auto on 24 GiB",
     8: "hybrid.yaml, auto on 24 GiB",
-    11: "grpo.yaml, auto on 24 GiB",
+    16: "grpo.yaml, auto on 24 GiB",
 }
 MODEL = "smollm2-135m-instruct"
 

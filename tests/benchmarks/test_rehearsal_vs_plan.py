@@ -50,7 +50,7 @@ def test_the_rehearsals_prompt_length_is_read_from_its_changes():
 def test_a_result_whose_plan_is_not_its_recipes_is_refused():
     result = json.loads((RESULTS / "rehearse_24gb-calls.json").read_text())
     tampered = copy.deepcopy(result)
-    tampered["plan_as_run"]["phases"]["train"]["gib"] += 0.5
+    tampered["plan_as_run"]["phases"]["rollout"]["gib"] += 0.5
     with pytest.raises(SystemExit, match="rebuilt recipe's plan"):
         rvp.compare(tampered)
     assert rvp.compare(result)["card"].startswith("H200")
@@ -66,7 +66,7 @@ def test_the_plans_check_figures_are_the_rehearsals():
         comparison = rvp.compare(json.loads((RESULTS / name).read_text()))
         for part, _, _, _, ratio in comparison["time"]:
             ratios.setdefault(part, round(ratio, 2))
-        memory = memory or {row[0]: (round(row[1], 2), round(row[4], 2)) for row in comparison["memory"] if row[4]}
+        memory = memory or {row[0]: (round(row[1], 2), round(row[5], 2)) for row in comparison["memory"] if row[5]}
     assert rehearsal_check.TIME_RATIO == {part: ratios[part] for part in rehearsal_check.TIME_RATIO}
     assert set(rehearsal_check.TIME_RATIO) == {part for part in ratios if "first" not in part}
     assert rehearsal_check.MEMORY_GIB == memory

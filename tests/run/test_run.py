@@ -214,8 +214,9 @@ def test_grad_accumulation_gives_the_same_update(tmp_path, aggregation):
 
 
 def test_an_auto_micro_batch_gives_the_same_update_and_is_said_and_recorded(tmp_path, monkeypatch):
-    """`optim.micro_batch_size: auto` on a (faked) card on which the plan fits 3 of a step's 8 sequences: the step
-    trains in micro-batches of 3, 3 and 2, says so, writes micro_batch.json, and updates as one micro-batch does."""
+    """`optim.micro_batch_size: auto` on a (faked) card on which the plan fits 2 of a step's 8 sequences (2 groups of
+    4) and not 4: the step trains in micro-batches of 2, says so, writes micro_batch.json, and updates as one
+    micro-batch does."""
     from adaptercl.domains import load_domain
     from adaptercl.train import micro_batch
     from adaptercl.train import step as train_step
@@ -230,13 +231,13 @@ def test_an_auto_micro_batch_gives_the_same_update_and_is_said_and_recorded(tmp_
     auto = recipe(tmp_path / "auto", micro_batch_size="auto")
     base = load_base(auto.model, "none")
     domain = load_domain(auto.domains[0], auto.seed, auto.eval.examples_per_domain)
-    lo, hi = 0.5, 4.0  # GiB: about the smallest card on which auto picks 3 (its rows grow with the card); a row adds
+    lo, hi = 0.5, 4.0  # GiB: about the smallest card on which auto picks 2 (its rows grow with the card); a row adds
     for _ in range(18):  # ~2e-4 GiB to the plan at this shape, and 18 halvings leave 1.3e-5 GiB
         monkeypatch.setattr(micro_batch, "card_gib", lambda device, card=(lo + hi) / 2: card)
         rows = micro_batch.choose_micro_batch(auto, 0, base.model, base.tokenizer, [domain]).rows
-        lo, hi = (lo, (lo + hi) / 2) if rows >= 3 else ((lo + hi) / 2, hi)
+        lo, hi = (lo, (lo + hi) / 2) if rows >= 2 else ((lo + hi) / 2, hi)
     monkeypatch.setattr(micro_batch, "card_gib", lambda device: hi)
-    assert micro_batch.choose_micro_batch(auto, 0, base.model, base.tokenizer, [domain]).rows == 3
+    assert micro_batch.choose_micro_batch(auto, 0, base.model, base.tokenizer, [domain]).rows == 2
 
     seen, scores = [], train_step.response_scores
     monkeypatch.setattr(
@@ -244,22 +245,22 @@ def test_an_auto_micro_batch_gives_the_same_update_and_is_said_and_recorded(tmp_
     )
     events = []
     run_recipe(auto, on_event=lambda kind, **info: events.append((kind, info)))
-    assert seen == [3, 3, 2]
+    assert seen == [2, 2, 2, 2]
     record = json.loads((tmp_path / "auto" / "stage-01-one" / "micro_batch.json").read_text())
-    assert (record["setting"], record["micro_batch_size"], record["sequences"]) == ("auto", 3, 8)
+    assert (record["setting"], record["micro_batch_size"], record["sequences"]) == ("auto", 2, 8)
     assert record["card_gib"] == round(hi, 3)
     assert record["planned_peak_gib"] * 1.1 <= record["limit_gib"] + 2e-3  # both rounded to 1e-3 GiB in the file
     (line,) = [info["line"] for kind, info in events if kind == "micro_batch"]
-    assert line.startswith("micro-batch 3 of 8 sequences a step (auto: planned step peak ")
+    assert line.startswith("micro-batch 2 of 8 sequences a step (auto: planned step peak ")
 
     seen.clear()
     run_recipe(recipe(tmp_path / "one", grad_accum=1))  # micro_batch_size unset: nothing written, as before
     assert seen == [8] and not (tmp_path / "one" / "stage-01-one" / "micro_batch.json").exists()
-    one, three = (load_file(str(tmp_path / d / "stage-01-one" / "adapter" / "adapter_model.safetensors"))
+    one, micro = (load_file(str(tmp_path / d / "stage-01-one" / "adapter" / "adapter_model.safetensors"))
                   for d in ("one", "auto"))  # fmt: skip
     assert any(one[k].abs().max() > 0 for k in one if "lora_B" in k)
     for k in one:
-        torch.testing.assert_close(one[k], three[k], rtol=0, atol=5e-3 * 1e-2)  # 1 % of one Adam step, as above
+        torch.testing.assert_close(one[k], micro[k], rtol=0, atol=5e-3 * 1e-2)  # 1 % of one Adam step, as above
 
 
 def test_a_run_on_a_cold_model_cache_equals_one_on_a_warm_cache(tiny_gguf, tmp_path):
