@@ -188,6 +188,19 @@ def test_the_cheapest_order_is_chosen_and_one_micro_batch_stays_as_it_is():
     assert micro_batch_rows(batch, 8, share_prompts=False) == ("rollout", [slice(0, 8)])
 
 
+def test_a_cheaper_order_is_not_taken_when_one_of_its_micro_batches_outgrows_the_planned_one():
+    """2 groups of 2 rows (distinct 5-token prompts), responses of 100 and 1 tokens in each. In rollout order each
+    micro-batch holds one group: its prompt computed once (4 shared positions, the last prompt token with the rows),
+    4 + 2 x (1 + 100 - 1) = 204 positions, 408 in all. Sorted by length, [A1 B1] [A2 B2] computes 222 in all but its
+    first micro-batch holds two prompts, 2 x (5 + 100) = 210 positions: more than any micro-batch the memory plan sizes
+    the step for (plan/step_memory.py counts the groups a run of rows spans in rollout order), so rollout stays."""
+    batch = build_batch([[1, 2, 3, 4, 5]] * 2 + [[6, 7, 8, 9, 10]] * 2, [[9] * r for r in (100, 1, 100, 1)], pad_id=0)
+    rollout = [forward_positions(trim_padding(batch.select(p)), True) for p in (slice(0, 2), slice(2, 4))]
+    by_length = [forward_positions(trim_padding(batch.select(torch.tensor(p))), True) for p in ([0, 2], [1, 3])]
+    assert rollout == [204, 204] and by_length == [210, 12]  # cheaper in all, larger at its largest
+    assert micro_batch_rows(batch, 2, share_prompts=True) == ("rollout", [slice(0, 2), slice(2, 4)])
+
+
 def test_one_micro_batch_is_the_step_as_before_bit_for_bit(tmp_path):
     new, spied, batch = one_step(tmp_path / "new", "sdpo_full_seq_mean_all", micro_batch_size=8)
     assert spied["order"] == ("rollout", [slice(0, 8)]) and spied["students"] == [tuple(batch.input_ids.shape)]
