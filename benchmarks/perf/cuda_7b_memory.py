@@ -212,7 +212,9 @@ def synthetic_batch(args: argparse.Namespace, tokenizer, device: Any) -> tuple[A
     def tokens(length: int) -> list[int]:
         return torch.randint(0, vocab, (length,), generator=g).tolist()
 
-    prompts = [tokens(args.prompt_len) for _ in range(n)]
+    group_of = getattr(args, "group", 1)  # rows side by side that share one prompt (a GRPO group), 1: all distinct
+    distinct = [tokens(args.prompt_len) for _ in range(math.ceil(n / group_of))]
+    prompts = [distinct[i // group_of] for i in range(n)]
     responses = [tokens(args.response_len) for _ in range(n)]
     batch = build_batch(prompts, responses, tokenizer.pad_token_id)
     group = 1 if args.method == "sdft" else n
@@ -395,6 +397,7 @@ def main() -> None:
         "--support", default=None, choices=["full", "topk", "sampled"], help="override distill.support"
     )
     parser.add_argument("--sequences", type=int, default=8)
+    parser.add_argument("--group", type=int, default=1, help="consecutive sequences sharing one prompt (1: none)")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--response-len", type=int, default=896)
     parser.add_argument("--teacher-extra", type=int, default=256, help="extra teacher-prompt tokens (demonstration)")

@@ -263,6 +263,7 @@ def main() -> None:
     parser.add_argument("--validate-methods", nargs="*", default=["hybrid", "grpo"])
     parser.add_argument("--variants", nargs="*", default=[], help="7B variants method:grad_accum:checkpointing:chunk")
     parser.add_argument("--sequences", type=int, default=8)
+    parser.add_argument("--group", type=int, default=1, help="consecutive sequences sharing one prompt (1: none)")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--response-len", type=int, default=896)
     parser.add_argument("--teacher-extra", type=int, default=256)
