@@ -30,8 +30,9 @@ class OptimConfig(ConfigBlock):
     micro_batch_size: Literal["auto"] | int | None = Field(
         None,
         description="Sequences per micro-batch of the training step (per data-parallel rank), instead of grad_accum's "
-        "split; any split makes the same update. auto: on a CUDA device, per stage, the largest micro-batch whose "
-        "planned training peak (memory.py, with what a colocated vLLM keeps) times 1.1 fits the card, printed "
+        "split; any split makes the same update. auto: on a CUDA device, per stage, the fastest micro-batch (the "
+        "measured step's model: fewer micro-batches, a group's prompt computed once) among those whose planned "
+        "training peak (memory.py, with what a colocated vLLM keeps) times 1.1 fits the card, printed "
         "and written to the stage's micro_batch.json; without CUDA, grad_accum's split. Default: grad_accum's split.",
     )
     warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (transformers' warm-up: step 0 has LR 0).")
