@@ -4,8 +4,9 @@ Reads the committed rehearsal results (`results/rehearse_24gb*.json`, made by re
 rebuilds the recipe each ran (`rehearse_24gb.rehearsal_raw` with the run's recorded changes and the engine that ran,
 the model named by its hub id: the random checkpoint has Qwen2.5-7B's shape) and checks that the memory plan of that
 recipe is the one the run recorded, phase for phase but the training step, whose model has changed since the runs
-(both figures are shown). Then it asks the wall-time model (`plan.wall_time`) for each part of that very run on the card that ran it (`throughputs.H200` / `H100`, every prompt at the rehearsal's length)
-and sets the measured figure beside it:
+(both figures are shown). Then it asks the wall-time model (`plan.wall_time`) for each part of that very run on the
+card that ran it (`throughputs.H200` / `H100`, every prompt at the rehearsal's length) and sets the measured figure
+beside it:
 
 - training step: a step's seconds less its rollout's (reward, teacher targets, forward and backward, optimiser), the
   steps after each stage's first (the first builds AdamW's state and warms the kernels up; shown apart);
