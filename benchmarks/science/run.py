@@ -18,7 +18,7 @@ the hybrid's goal), `headline.py` the comparison with GRPO (the headline, peak/f
 delta, learnable stages, the Pareto points), `results.py` writes the tables and `plots.py` the figures. Outputs name
 no path of the machine: the runs folder is `<runs>`, the repo root `.`. `--set KEY=VALUE` overrides base.yaml
 (dotted keys, a list's entry by its name, YAML values), for a smoke test: `--set optim.steps=2
-stages.toolcall.optim.steps=2 eval.examples_per_domain=8 --out /tmp/smoke`.
+stages.toolcall.optim.steps=2 eval.examples_per_domain=8 --out <scratch>/smoke`.
 """
 
 from __future__ import annotations

@@ -114,8 +114,10 @@ def main() -> None:
     logs = sqlite_storage.SQLiteStorage.get_logs("adaptercl-user-journey", RUN.name)
     out["trackio"] = {"logs": len(logs), "eval/arc": [log["eval/arc"] for log in logs if "eval/arc" in log]}
 
-    (HERE / "results.json").write_text(json.dumps(out, indent=1) + "\n")
-    (HERE / "results.md").write_text(markdown(out))
+    # no path of this machine in the results: paths under the repository as a reader runs them, from its root
+    scrubbed = json.loads(json.dumps(out).replace(f"{ROOT}/", ""))
+    (HERE / "results.json").write_text(json.dumps(scrubbed, indent=1) + "\n")
+    (HERE / "results.md").write_text(markdown(scrubbed))
     print(markdown(out))
 
 
