@@ -177,10 +177,15 @@ def train_workload(shape: Shape, stage: StageConfig, index: int, prompt: int, ro
     )
 
 
+def micro_batch_groups(sequences: int, rows: int, group: int) -> list[int]:
+    """The groups (of `group` samples of one prompt, side by side) each micro-batch of `rows` of a step's `sequences`
+    in rollout order holds: the prompts its shared-prefix forward computes."""
+    return [len({i // group for i in range(s, min(sequences, s + rows))}) for s in range(0, sequences, rows)]
+
+
 def micro_batch_prompts(sequences: int, rows: int, group: int) -> int:
-    """U: the most groups (of `group` samples of one prompt, side by side) that a micro-batch of `rows` of a step's
-    `sequences` in rollout order holds; `rows` when no two of its rows share a prompt."""
-    return max(len({i // group for i in range(s, min(sequences, s + rows))}) for s in range(0, sequences, rows))
+    """U: the most groups a micro-batch holds (`micro_batch_groups`); `rows` when no two of its rows share a prompt."""
+    return max(micro_batch_groups(sequences, rows, group))
 
 
 def entropy_pass_terms(shape: Shape, quantization: str, w: TrainWorkload) -> dict[str, float]:

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from adaptercl.model import GIB, Shape, gib, kv_bytes
 from adaptercl.plan import rehearsal_check
 from adaptercl.plan.diagnostics_memory import drift_method
-from adaptercl.plan.step_memory import teacher_prompt_tokens
+from adaptercl.plan.step_memory import micro_batch_groups, teacher_prompt_tokens
 from adaptercl.plan.throughputs import (
     CARDS,
     DEQUANT_BYTES_PER_PARAM,
@@ -163,7 +163,7 @@ def step_constants(method: str) -> tuple[float, float]:
 def prefix_runs(sequences: int, rows: int, group: int) -> int:
     """U(b): the (micro-batch, group) pairs of a step's `sequences` in rollout order (groups of `group` side by side)
     cut into micro-batches of `rows`: how many prompts its shared-prefix forwards compute."""
-    return sum(len({i // group for i in range(s, min(sequences, s + rows))}) for s in range(0, sequences, rows))
+    return sum(micro_batch_groups(sequences, rows, group))
 
 
 def step_s(stage: StageConfig, sequences: int, rows: int, prompt: float, per_mb: float = 1.0,

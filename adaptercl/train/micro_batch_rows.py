@@ -73,9 +73,14 @@ def split_order(order: list[int], micro: int) -> list[Rows]:
     return [torch.tensor(order[start : start + micro]) for start in range(0, len(order), micro)]
 
 
+def part_positions(batch: TokenBatch, parts: list[Rows], share_prompts: bool) -> list[int]:
+    """Positions the student's forward computes in each of the micro-batches `parts`, each cut to its own rows."""
+    return [forward_positions(trim_padding(batch.select(rows)), share_prompts) for rows in parts]
+
+
 def order_cost(batch: TokenBatch, parts: list[Rows], share_prompts: bool) -> int:
-    """Positions the student's forwards compute over the micro-batches `parts`, each cut to its own rows."""
-    return sum(forward_positions(trim_padding(batch.select(rows)), share_prompts) for rows in parts)
+    """Positions the student's forwards compute over the micro-batches `parts`."""
+    return sum(part_positions(batch, parts, share_prompts))
 
 
 def cut(batch: TokenBatch, rows: Rows, parts: int, response_width: int | None = None) -> TokenBatch:
@@ -94,8 +99,7 @@ def micro_batch_rows(batch: TokenBatch, micro: int, share_prompts: bool) -> tupl
     if micro >= n:
         return "rollout", [slice(0, n)]
     candidates = {name: split_order(order(batch), micro) for name, order in ORDERS.items()}
-    positions = {name: [forward_positions(trim_padding(batch.select(rows)), share_prompts) for rows in parts]
-                 for name, parts in candidates.items()}  # fmt: skip
+    positions = {name: part_positions(batch, parts, share_prompts) for name, parts in candidates.items()}
     bound = max(positions["rollout"])  # what the memory plan sizes a micro-batch for
     admissible = [name for name in candidates if max(positions[name]) <= bound]
     name = min(admissible, key=lambda key: sum(positions[key]))  # ties: first
