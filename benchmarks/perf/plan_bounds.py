@@ -35,7 +35,8 @@ from perf_common import RESULTS_DIR  # noqa: E402
 from provenance import markdown_table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPES = ("hybrid", "grpo", "sdpo", "srpo", "sdft")  # the 24 GB recipes, the flagship first
+# The 24 GB recipes, the flagship first, then the flagship on the smaller model its header offers (one override)
+RECIPES = ("hybrid", "grpo", "sdpo", "srpo", "sdft", "hybrid model.name=Qwen/Qwen2.5-3B-Instruct")
 TARGET_H = 5.0
 CARD = "rtx4090"
 PHASES = ("training", "rollouts", "evaluation", "diagnostics")
@@ -43,13 +44,15 @@ FREE = 1e9  # a speed-up at which every vLLM call takes no time
 
 
 def hours(name: str, vllm_speedup: float = 1.0, train_ratio: float = 1.0) -> dict[str, float]:
-    """Each phase's hours of `recipes/<name>.yaml` on the card, every vLLM generate call `vllm_speedup` times the
-    cited NF4 + LoRA rate, the training step `train_ratio` times the model's."""
+    """Each phase's hours of `recipes/<name>.yaml` (then its overrides, if `name` has any after a space) on the card,
+    every vLLM generate call `vllm_speedup` times the cited NF4 + LoRA rate, the training step `train_ratio` times
+    the model's."""
     from adaptercl.plan import wall_time
     from adaptercl.plan.memory import plan_recipe
     from adaptercl.recipe import load_recipe
 
-    recipe = load_recipe(REPO / "recipes" / f"{name}.yaml")
+    file, *overrides = name.split()
+    recipe = load_recipe(REPO / "recipes" / f"{file}.yaml", overrides)
     with mock.patch.object(wall_time, "VLLM_BNB_RATIO", wall_time.VLLM_BNB_RATIO * vllm_speedup):
         wall = plan_recipe(recipe, card=CARD).wall_time
     phases = {phase: wall.phase_s(phase) / 3600 for phase in PHASES}
@@ -84,7 +87,7 @@ def row(name: str, train_ratio: float) -> list[str]:
     planned, at_bf16 = hours(name), hours(name, bf16)
     needed = [speedup_for(name, TARGET_H), speedup_for(name, TARGET_H, train_ratio)]
     return [
-        f"{name}.yaml",
+        " ".join([f"{name.split()[0]}.yaml", *name.split()[1:]]),
         f"{sum(planned.values()):.2f} (" + " + ".join(f"{planned[p]:.2f}" for p in PHASES) + ")",
         f"{sum(at_bf16.values()):.2f} (rollouts {at_bf16['rollouts']:.2f})",
         *["none" if s is None else f"{s:.2f}x ({s / bf16:.2f}x bf16)" for s in needed],
