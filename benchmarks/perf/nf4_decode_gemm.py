@@ -27,6 +27,7 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,17 +36,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from perf_common import write_result  # noqa: E402
 from provenance import command, machine, versions  # noqa: E402
+from random_checkpoint import QWEN25_7B, TINY  # noqa: E402
 
 BLOCKSIZE = 64  # bitsandbytes' and vLLM's NF4 block
 ROWS = (1, 4, 8, 16, 32, 48)  # tokens a decode step multiplies: the cited sweep's concurrencies and 1
-QWEN25_7B = {"hidden": 3584, "intermediate": 18944, "heads": 28, "kv_heads": 4, "layers": 28}
-TINY = {"hidden": 256, "intermediate": 512, "heads": 4, "kv_heads": 2, "layers": 2}
 
 
-def shards(shape: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
-    """Each fused layer of a decoder layer: its shards' (out_features, in_features), as vLLM fuses them."""
-    h, i = shape["hidden"], shape["intermediate"]
-    kv = h // shape["heads"] * shape["kv_heads"]
+def shards(shape: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
+    """Each fused layer of a decoder layer of `shape` (a Qwen2 config's fields): its shards' (out_features,
+    in_features), as vLLM fuses them."""
+    h, i = shape["hidden_size"], shape["intermediate_size"]
+    kv = h // shape["num_attention_heads"] * shape["num_key_value_heads"]
     return {
         "qkv_proj": [(h, h), (kv, h), (kv, h)],
         "o_proj": [(h, h)],
@@ -54,7 +55,7 @@ def shards(shape: dict[str, int]) -> dict[str, list[tuple[int, int]]]:
     }
 
 
-def build_layer(shape: dict[str, int], device: str, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+def build_layer(shape: dict[str, Any], device: str, seed: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
     """(bf16 fused weights, NF4 shards as (packed, quant state) lists) of one decoder layer, from the same random
     bf16 values (std 0.02, as a checkpoint's init)."""
     import torch
@@ -110,7 +111,7 @@ def timed_ms(fn, repeats: int, warmup: int, cuda: bool) -> float:
     return statistics.median(times)
 
 
-def measure(shape: dict[str, int], rows: tuple[int, ...], repeats: int, warmup: int, device: str) -> dict[str, Any]:
+def measure(shape: dict[str, Any], rows: tuple[int, ...], repeats: int, warmup: int, device: str) -> dict[str, Any]:
     """Per-layer milliseconds of each engine's matmuls at each row count, and bf16 / NF4."""
     import torch
 
@@ -122,17 +123,19 @@ def measure(shape: dict[str, int], rows: tuple[int, ...], repeats: int, warmup: 
             name: torch.randn(m, w.shape[1], generator=gen).to(torch.bfloat16).to(device) for name, w in dense.items()
         }  # fmt: skip
         with torch.inference_mode():
-            per_layer["bf16"][str(m)] = timed_ms(lambda: layer_bf16(x, dense), repeats, warmup, device == "cuda")
-            per_layer["nf4"][str(m)] = timed_ms(lambda: layer_nf4(x, nf4), repeats, warmup, device == "cuda")
+            per_layer["bf16"][str(m)] = timed_ms(partial(layer_bf16, x, dense), repeats, warmup, device == "cuda")
+            per_layer["nf4"][str(m)] = timed_ms(partial(layer_nf4, x, nf4), repeats, warmup, device == "cuda")
     ratio = {m: per_layer["bf16"][m] / per_layer["nf4"][m] for m in per_layer["bf16"]}
     return {
         "per_layer_ms": per_layer,
         "bf16_over_nf4": ratio,
-        "decode_matmuls_ms": {k: {m: v * shape["layers"] for m, v in d.items()} for k, d in per_layer.items()},
+        "decode_matmuls_ms": {
+            k: {m: v * shape["num_hidden_layers"] for m, v in d.items()} for k, d in per_layer.items()
+        },
     }
 
 
-def check_outputs_agree(shape: dict[str, int], device: str) -> float:
+def check_outputs_agree(shape: dict[str, Any], device: str) -> float:
     """Max |NF4 - dequantised bf16| / max |bf16| of one shard's product: the NF4 path multiplies what it should (its
     result equals F.linear against the dequantised weight up to bf16 rounding of the sums)."""
     import torch
@@ -142,7 +145,7 @@ def check_outputs_agree(shape: dict[str, int], device: str) -> float:
 
     _, nf4 = build_layer(shape, device)
     packed, state = nf4["o_proj"][0]
-    x = torch.randn(8, shape["hidden"], generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(device)
+    x = torch.randn(8, shape["hidden_size"], generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(device)
     with torch.inference_mode():
         got = matmul_4bit(x, packed.t(), state).float()
         want = F.linear(x, dequantize_4bit(packed, state).to(torch.bfloat16)).float()
@@ -169,7 +172,16 @@ def main(argv: list[str] | None = None) -> int:
     shape = TINY if args.tiny else QWEN25_7B
     result = {
         "shape": "tiny" if args.tiny else "Qwen2.5-7B",
-        "layer": shape,
+        "layer": {
+            k: shape[k]
+            for k in (
+                "hidden_size",
+                "intermediate_size",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "num_hidden_layers",
+            )
+        },  # fmt: skip
         "rows": list(ROWS),
         "repeats": args.repeats,
         "warmup": args.warmup,

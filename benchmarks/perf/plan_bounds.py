@@ -114,14 +114,14 @@ def markdown() -> str:
     )
     return f"""# What {TARGET_H:g} h asks of the plan's figures (issue 26)
 
-Made by `python benchmarks/perf/plan_bounds.py` (the wall-time plan of `adaptercl recipe plan`, nothing measured here):
-each 24 GB recipe on an {wall_time.CARDS[CARD].name}, every response at the cap. Speed-ups are over the cited vLLM NF4 +
-LoRA rate (the bf16 sweep x LoRA {wall_time.VLLM_LORA_RATIO:.3f} x bitsandbytes 4-bit {wall_time.VLLM_BNB_RATIO:.3f}),
-applied to every vLLM generate call (rollouts, evaluation, the diagnostics' sampling); "x bf16" divides by the speed-up
-that is the bf16 sweep itself ({bf16:.2f}x), so above 1 asks NF4 + LoRA to decode faster than the cited bf16 base
-without a LoRA. The last speed-up column sets the training step at the 24 GB rehearsal's measured / model ratio
-({train_ratio:.2f}, an H200, `adaptercl/plan/rehearsal_check.py`). "none": even vLLM calls of 0 s leave more than
-{TARGET_H:g} h. Interpretation: benchmarks/perf/README.md, "plan_bounds".
+Made by `python benchmarks/perf/plan_bounds.py` (the wall-time plan of `adaptercl recipe plan`, nothing measured
+here): each 24 GB recipe on an {wall_time.CARDS[CARD].name}, every response at the cap. Speed-ups are over the cited
+vLLM NF4 + LoRA rate (the bf16 sweep x LoRA {wall_time.VLLM_LORA_RATIO:.3f} x bitsandbytes 4-bit \
+{wall_time.VLLM_BNB_RATIO:.3f}), applied to every vLLM generate call (rollouts, evaluation, the diagnostics'
+sampling); "x bf16" divides by the speed-up that is the bf16 sweep itself ({bf16:.2f}x), so above 1 asks NF4 + LoRA
+to decode faster than the cited bf16 base without a LoRA. The last speed-up column sets the training step at the
+24 GB rehearsal's measured / model ratio ({train_ratio:.2f}, an H200, `adaptercl/plan/rehearsal_check.py`). "none":
+even vLLM calls of 0 s leave more than {TARGET_H:g} h. Interpretation: benchmarks/perf/README.md, "plan_bounds".
 
 {table}
 """

@@ -40,7 +40,7 @@ from provenance import markdown_table  # noqa: E402
 
 RESULTS = ("rehearse_24gb.json", "rehearse_24gb-calls.json")
 CHANGED_SINCE_THE_RUNS = ("train",)  # phases whose memory model changed after the committed runs (see compare)
-MODEL = "Qwen/Qwen2.5-7B-Instruct"  # the random checkpoint's shape (cuda_7b_memory.QWEN25_7B)
+MODEL = "Qwen/Qwen2.5-7B-Instruct"  # the random checkpoint's shape (random_checkpoint.QWEN25_7B)
 # part of the model -> the instrumented function whose calls measure it
 CALLS = {
     "evaluation": "evaluate_all",

@@ -48,9 +48,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
 import torch  # noqa: E402
-from cuda_7b_memory import QWEN25_7B, apply_variant, stage_setup, synthetic_batch, variant_recipe  # noqa: E402
+from cuda_7b_memory import apply_variant, stage_setup, synthetic_batch, variant_recipe  # noqa: E402
 from perf_common import write_result  # noqa: E402
 from provenance import markdown_table, provenance  # noqa: E402
+from random_checkpoint import QWEN25_7B  # noqa: E402
 
 from adaptercl.plan.memory_trace import LiveBytes, fake_mode, fakeify  # noqa: E402
 

@@ -39,7 +39,12 @@ def test_one_4bit_matmul_per_shard(monkeypatch):
     x = {name: torch.randn(3, w.shape[1]).to(torch.bfloat16) for name, w in dense.items()}
     gemm.layer_nf4(x, nf4)
     assert seen == [shape for parts in gemm.shards(gemm.TINY).values() for shape in parts]  # 7, in vLLM's order
-    assert [tuple(w.shape) for w in dense.values()] == [(512, 256), (256, 256), (1024, 256), (256, 512)]  # fused: 256 + 2 x 128
+    assert [tuple(w.shape) for w in dense.values()] == [
+        (128, 64),
+        (64, 64),
+        (256, 64),
+        (64, 128),
+    ]  # fused: 64 + 2 x 32
 
 
 def test_the_nf4_path_multiplies_the_dequantised_weight():
@@ -56,4 +61,4 @@ def test_the_cpu_run_writes_every_row_count(tmp_path):
     for m in rows:
         bf16, nf4 = result["per_layer_ms"]["bf16"][m], result["per_layer_ms"]["nf4"][m]
         assert result["bf16_over_nf4"][m] == pytest.approx(bf16 / nf4, rel=1e-12)
-        assert result["decode_matmuls_ms"]["nf4"][m] == pytest.approx(nf4 * gemm.TINY["layers"], rel=1e-12)
+        assert result["decode_matmuls_ms"]["nf4"][m] == pytest.approx(nf4 * gemm.TINY["num_hidden_layers"], rel=1e-12)
