@@ -9,6 +9,11 @@ import os
 from pathlib import Path
 
 
+def seeds(n: int) -> str:
+    """"1 seed", "2 seeds": a legend's count."""
+    return f"{n} seed" + ("s" if n != 1 else "")
+
+
 def save(fig, path: Path) -> None:
     """Write `fig` to `path` through a temporary name (never a half-written figure) and close it."""
     import matplotlib.pyplot as plt
@@ -32,7 +37,7 @@ def pareto(points: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 5.2))
     for i, p in enumerate(points):
         color = "k" if p["reference"] else plt.cm.tab10(i % 10)
-        label = f"{p['method']} ({p['seeds']} seeds)" + (", the reference" if p["reference"] else "")
+        label = f"{p['method']} ({seeds(p['seeds'])})" + (", the reference" if p["reference"] else "")
         ax.errorbar(
             p["x"],
             p["y"],
@@ -78,7 +83,9 @@ def plot(data: dict, runs: dict[str, dict[int, dict]], path: Path) -> None:
         ax = axes[0][d]
         for m, s in summary.items():
             cells = [s["figures"][f"cell {k} {d}"] for k in x]
-            ax.plot(x, [c["mean"] for c in cells], marker="o", color=colors[m], label=f"{m} ({len(s['seeds'])} seeds)")
+            ax.plot(
+                x, [c["mean"] for c in cells], marker="o", color=colors[m], label=f"{m} ({seeds(len(s['seeds']))})"
+            )
             ax.fill_between(
                 x, [c["ci95"][0] for c in cells], [c["ci95"][1] for c in cells], color=colors[m], alpha=0.12
             )
