@@ -28,7 +28,11 @@ sequential per method, not interleaved.
     python benchmarks/perf/teacher_overhead.py --model tiny-random
     python benchmarks/perf/teacher_overhead.py --model smollm2-135m-instruct --repeats 5 --full-steps 3
 
-writes benchmarks/perf/results/teacher_overhead-<model>.json and prints a markdown table.
+writes benchmarks/perf/results/teacher_overhead-<model>[-<tag>].json and prints a markdown table. SRPO's saving (its
+teacher runs on the SDPO-routed rows only: with G samples, a group with one success routes its G - 1 failures, so
+the share is (1 - failed_group_frac) (G - 1) / G) against SDPO's teacher on every row:
+
+    python benchmarks/perf/teacher_overhead.py --model smollm2-135m-instruct --variants grpo sdpo srpo --tag srpo
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "sdpo": ("sdpo", "none"),
     "sdft": ("sdft", "none"),
     "hybrid": ("hybrid", "none"),
+    "srpo": ("srpo", "none"),  # the method table's paper defaults; its teacher sees the SDPO-routed rows only
     "sdpo+bf16": ("sdpo", "bfloat16"),
     "sdft+bf16": ("sdft", "bfloat16"),
     "hybrid+bf16": ("hybrid", "bfloat16"),
@@ -341,6 +346,7 @@ def main() -> None:
         "--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), help="what to time (grpo always)"
     )
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/perf/results)")
+    parser.add_argument("--tag", default=None, help="appended to the result's name: teacher_overhead-<model>-<tag>")
     args = parser.parse_args()
     args.variants = grpo_first(args.variants)
     if args.threads:
@@ -348,7 +354,7 @@ def main() -> None:
 
         torch.set_num_threads(args.threads)
     result = {**provenance(), **run(args)}
-    name = "teacher_overhead-" + Path(args.model).name
+    name = "teacher_overhead-" + Path(args.model).name + (f"-{args.tag}" if args.tag else "")
     path = write_result(name, result, args.out)
     print(markdown(result))
     print(f"written: {path}")
