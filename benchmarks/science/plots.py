@@ -10,7 +10,7 @@ from pathlib import Path
 
 
 def seeds(n: int) -> str:
-    """"1 seed", "2 seeds": a legend's count."""
+    """A legend's count: "1 seed", "2 seeds"."""
     return f"{n} seed" + ("s" if n != 1 else "")
 
 
@@ -50,7 +50,8 @@ def pareto(points: list[dict], path: Path) -> None:
             label=label,
             zorder=3 if p["reference"] else 2,
         )
-        ax.annotate(p["method"], (p["x"], p["y"]), textcoords="offset points", xytext=(6, 6), fontsize=8, color=color)
+        offset = (6, 6) if i % 2 == 0 else (6, -12)  # neighbours' names above and below their points
+        ax.annotate(p["method"], (p["x"], p["y"]), textcoords="offset points", xytext=offset, fontsize=8, color=color)
         if p["reference"]:
             ax.axvline(p["x"], color="k", lw=0.8, ls="--")
             ax.axhline(p["y"], color="k", lw=0.8, ls="--")
