@@ -50,8 +50,9 @@ from perf_common import HERE, write_result  # noqa: E402
 from provenance import markdown_table, provenance, spread  # noqa: E402
 from random_checkpoint import QWEN25_7B, TINY, write_random_checkpoint  # noqa: E402
 
+from adaptercl.model.shapes import GIB  # noqa: E402
+
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-GIB = 2**30
 
 
 def variant_recipe(args: argparse.Namespace, checkpoint: Path, device: Any) -> Any:

@@ -40,6 +40,7 @@ from random_checkpoint import QWEN25_7B, TINY  # noqa: E402
 
 BLOCKSIZE = 64  # bitsandbytes' and vLLM's NF4 block
 ROWS = (1, 4, 8, 16, 32, 48)  # tokens a decode step multiplies: the cited sweep's concurrencies and 1
+SHAPE_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers")
 
 
 def shards(shape: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
@@ -111,11 +112,13 @@ def timed_ms(fn, repeats: int, warmup: int, cuda: bool) -> float:
     return statistics.median(times)
 
 
-def measure(shape: dict[str, Any], rows: tuple[int, ...], repeats: int, warmup: int, device: str) -> dict[str, Any]:
-    """Per-layer milliseconds of each engine's matmuls at each row count, and bf16 / NF4."""
+def measure(layer: tuple[dict, dict], layers: int, rows: tuple[int, ...], repeats: int, warmup: int, device: str
+            ) -> dict[str, Any]:  # fmt: skip
+    """Per-layer milliseconds of each engine's matmuls (`build_layer`'s `layer`) at each row count, the `layers`
+    of a decode step's, and bf16 / NF4."""
     import torch
 
-    dense, nf4 = build_layer(shape, device)
+    dense, nf4 = layer
     gen = torch.Generator().manual_seed(1)
     per_layer: dict[str, dict[str, float]] = {"bf16": {}, "nf4": {}}
     for m in rows:
@@ -129,23 +132,21 @@ def measure(shape: dict[str, Any], rows: tuple[int, ...], repeats: int, warmup: 
     return {
         "per_layer_ms": per_layer,
         "bf16_over_nf4": ratio,
-        "decode_matmuls_ms": {
-            k: {m: v * shape["num_hidden_layers"] for m, v in d.items()} for k, d in per_layer.items()
-        },
+        "decode_matmuls_ms": {k: {m: v * layers for m, v in d.items()} for k, d in per_layer.items()},
     }
 
 
-def check_outputs_agree(shape: dict[str, Any], device: str) -> float:
-    """Max |NF4 - dequantised bf16| / max |bf16| of one shard's product: the NF4 path multiplies what it should (its
-    result equals F.linear against the dequantised weight up to bf16 rounding of the sums)."""
+def check_outputs_agree(nf4: dict[str, Any], device: str) -> float:
+    """Max |NF4 - dequantised bf16| / max |bf16| of one shard's product (o_proj's, of `build_layer`'s NF4 shards):
+    the NF4 path multiplies what it should (its result equals F.linear against the dequantised weight up to bf16
+    rounding of the sums)."""
     import torch
     import torch.nn.functional as F
     from bitsandbytes import matmul_4bit
     from bitsandbytes.functional import dequantize_4bit
 
-    _, nf4 = build_layer(shape, device)
     packed, state = nf4["o_proj"][0]
-    x = torch.randn(8, shape["hidden_size"], generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(device)
+    x = torch.randn(8, state.shape[1], generator=torch.Generator().manual_seed(2)).to(torch.bfloat16).to(device)
     with torch.inference_mode():
         got = matmul_4bit(x, packed.t(), state).float()
         want = F.linear(x, dequantize_4bit(packed, state).to(torch.bfloat16)).float()
@@ -170,23 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         print("nf4_decode_gemm: no CUDA device; --tiny runs the code path on the CPU")
         return 2
     shape = TINY if args.tiny else QWEN25_7B
+    layer = build_layer(shape, device)  # once: quantising the 7B layer's 233M weights is not free
     result = {
         "shape": "tiny" if args.tiny else "Qwen2.5-7B",
-        "layer": {
-            k: shape[k]
-            for k in (
-                "hidden_size",
-                "intermediate_size",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "num_hidden_layers",
-            )
-        },  # fmt: skip
+        "layer": {k: shape[k] for k in SHAPE_FIELDS},
         "rows": list(ROWS),
         "repeats": args.repeats,
         "warmup": args.warmup,
-        "nf4_vs_dequantised_rel_err": check_outputs_agree(shape, device),
-        **measure(shape, ROWS, args.repeats, args.warmup, device),
+        "nf4_vs_dequantised_rel_err": check_outputs_agree(layer[1], device),
+        **measure(layer, shape["num_hidden_layers"], ROWS, args.repeats, args.warmup, device),
         "command": command(),
         "machine": machine(),
         "versions": versions(),

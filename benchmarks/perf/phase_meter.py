@@ -16,7 +16,7 @@ from typing import Any
 
 from provenance import spread
 
-GIB = 2**30
+from adaptercl.model.shapes import GIB
 
 
 class DeadlineReached(Exception):

@@ -24,6 +24,7 @@ markdown, so a change to the plan that moves a figure fails until it is rerun.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from pathlib import Path
 from unittest import mock
@@ -43,18 +44,31 @@ PHASES = ("training", "rollouts", "evaluation", "diagnostics")
 FREE = 1e9  # a speed-up at which every vLLM call takes no time
 
 
-def hours(name: str, vllm_speedup: float = 1.0, train_ratio: float = 1.0) -> dict[str, float]:
-    """Each phase's hours of `recipes/<name>.yaml` (then its overrides, if `name` has any after a space) on the card,
-    every vLLM generate call `vllm_speedup` times the cited NF4 + LoRA rate, the training step `train_ratio` times
-    the model's."""
-    from adaptercl.plan import wall_time
-    from adaptercl.plan.memory import plan_recipe
+@functools.cache
+def recipe_of(name: str):
+    """`recipes/<name>.yaml`, then its overrides if `name` has any after a space (read once: the bisection asks
+    for the same recipe's plan many times)."""
     from adaptercl.recipe import load_recipe
 
     file, *overrides = name.split()
-    recipe = load_recipe(REPO / "recipes" / f"{file}.yaml", overrides)
+    return load_recipe(REPO / "recipes" / f"{file}.yaml", overrides)
+
+
+def bf16_speedup() -> float:
+    """The speed-up over the cited NF4 + LoRA rate that is the cited bf16 sweep itself (both ratios 1)."""
+    from adaptercl.plan import wall_time
+
+    return 1 / (wall_time.VLLM_LORA_RATIO * wall_time.VLLM_BNB_RATIO)
+
+
+def hours(name: str, vllm_speedup: float = 1.0, train_ratio: float = 1.0) -> dict[str, float]:
+    """Each phase's hours of `recipe_of(name)` on the card, every vLLM generate call `vllm_speedup` times the cited
+    NF4 + LoRA rate, the training step `train_ratio` times the model's."""
+    from adaptercl.plan import wall_time
+    from adaptercl.plan.memory import plan_recipe
+
     with mock.patch.object(wall_time, "VLLM_BNB_RATIO", wall_time.VLLM_BNB_RATIO * vllm_speedup):
-        wall = plan_recipe(recipe, card=CARD).wall_time
+        wall = plan_recipe(recipe_of(name), card=CARD).wall_time
     phases = {phase: wall.phase_s(phase) / 3600 for phase in PHASES}
     phases["training"] *= train_ratio
     return phases
@@ -81,9 +95,7 @@ def speedup_for(name: str, target_h: float, train_ratio: float = 1.0) -> float |
 
 
 def row(name: str, train_ratio: float) -> list[str]:
-    from adaptercl.plan import wall_time
-
-    bf16 = 1 / (wall_time.VLLM_LORA_RATIO * wall_time.VLLM_BNB_RATIO)  # the speed-up that is the cited bf16 rate
+    bf16 = bf16_speedup()
     planned, at_bf16 = hours(name), hours(name, bf16)
     needed = [speedup_for(name, TARGET_H), speedup_for(name, TARGET_H, train_ratio)]
     return [
@@ -99,7 +111,7 @@ def markdown() -> str:
     from adaptercl.plan import wall_time
     from adaptercl.plan.rehearsal_check import TIME_RATIO
 
-    bf16 = 1 / (wall_time.VLLM_LORA_RATIO * wall_time.VLLM_BNB_RATIO)
+    bf16 = bf16_speedup()
     train_ratio = TIME_RATIO["train_step"]
     table = markdown_table(
         [

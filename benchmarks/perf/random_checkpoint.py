@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from adaptercl.model.shapes import GIB
+
 QWEN25_7B = {  # Qwen/Qwen2.5-7B-Instruct config.json, shape fields
     "hidden_size": 3584,
     "intermediate_size": 18944,
@@ -30,7 +32,6 @@ QWEN25_7B = {  # Qwen/Qwen2.5-7B-Instruct config.json, shape fields
 }
 TINY = {**QWEN25_7B, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2}
 TINY |= {"num_key_value_heads": 1, "vocab_size": 512, "max_position_embeddings": 2048}
-GIB = 2**30
 
 
 def write_random_checkpoint(shape: dict[str, Any], target: Path, device: str, shard_bytes: int = 2 * GIB) -> Path:

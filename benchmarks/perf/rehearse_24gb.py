@@ -58,8 +58,9 @@ from phase_meter import DeadlineReached, PhaseMeter  # noqa: E402
 from provenance import markdown_table, provenance, spread  # noqa: E402
 from random_checkpoint import QWEN25_7B, TINY, write_random_checkpoint  # noqa: E402
 
+from adaptercl.model.shapes import GIB  # noqa: E402
+
 CARD_GIB = 24.0
-GIB = 2**30
 FILLER = "Read the question below with care and answer it. "
 CHECKPOINT_LABEL = "<random checkpoint>"
 PHASES = ("load", "engine", "rollout", "train", "eval", "diagnostics")

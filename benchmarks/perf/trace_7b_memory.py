@@ -53,9 +53,9 @@ from perf_common import write_result  # noqa: E402
 from provenance import markdown_table, provenance  # noqa: E402
 from random_checkpoint import QWEN25_7B  # noqa: E402
 
+from adaptercl.model.shapes import GIB  # noqa: E402
 from adaptercl.plan.memory_trace import LiveBytes, fake_mode, fakeify  # noqa: E402
 
-GIB = 2**30
 BLOCK, NESTED_BLOCK = 64, 256  # bitsandbytes NF4 blocksize; double quant's blocksize over the absmax
 
 
