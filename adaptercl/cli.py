@@ -8,10 +8,17 @@
     adaptercl recipe serve FILE [key=value ...] [--port 8000] [--tensor-parallel-size N] [--data-parallel-size N]
                            [--print-command]        the vLLM rollout server for `rollout.engine: vllm_server`
     adaptercl recipe plan FILE [key=value ...] [--gpu-memory 24] [--prompt-tokens 1024] [--card rtx4090]
-                                                    predicted peak GPU memory of training, rollouts, evaluation and
+                           [--rehearsal JSON]       predicted peak GPU memory of training, rollouts, evaluation and
                                                     diagnostics, the fields to change when it does not fit, and the
-                                                    wall time on the card with each figure's source; exit 0 when it
-                                                    fits, 1 when not (nothing is downloaded)
+                                                    wall time on the card with each figure's source (with
+                                                    --rehearsal: from a rehearsal's measurements on its machine);
+                                                    exit 0 when it fits, 1 when not (nothing is downloaded)
+    adaptercl recipe rehearse FILE [key=value ...] [--minutes N] [--out DIR] [--random-weights]
+                                                    the recipe's real loop on this machine for a few minutes (a few
+                                                    steps a stage, a few examples and prompts): per phase the step
+                                                    seconds, decode rate, sampled lengths and peak memory beside the
+                                                    plan, in DIR/rehearsal.json; a phase that fails: one line naming
+                                                    it and the setting to change, exit 1
     adaptercl report RUN_DIR                        write RUN_DIR/report.md and plots/
     adaptercl eval [RECIPE] [key=value ...] (--run RUN_DIR | --adapter DIR [--adapter DIR ...]) --out OUT
                                                     evaluate a finished run's stages (default recipe: the run's
@@ -56,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         ("validate", "validate a recipe and exit"),
         ("show", "print the resolved recipe"),
         ("plan", "predict peak GPU memory per phase and the wall time, before any download"),
+        ("rehearse", "run the recipe's real loop for a few minutes, measured, and write rehearsal.json"),
         ("serve", "start the vLLM server a `rollout.engine: vllm_server` recipe rolls out from"),
     ):
         p = recipe.add_parser(action, help=help_text)
@@ -65,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--gpu-memory", type=float, default=24.0, help="GPU memory in GiB (default 24)")
             p.add_argument("--prompt-tokens", type=int, default=1024, help="longest prompt in tokens (default 1024)")
             p.add_argument("--card", choices=PLAN_CARDS, default="rtx4090", help="the card of the wall time")
+            p.add_argument("--rehearsal", help="a rehearsal.json (`recipe rehearse`): the wall time it measured")
+        if action == "rehearse":
+            p.add_argument("--minutes", type=float, help="time limit (default 10 on a GPU, 4 on the CPU)")
+            p.add_argument("--out", help="folder of rehearsal.json (default: the recipe's output_dir + -rehearsal)")
+            p.add_argument("--random-weights", action="store_true", help="the model's shape, random: no download")
         if action == "serve":
             _server_options(p)
     report = sub.add_parser("report", help="write report.md and plots for a run directory")
@@ -157,11 +170,36 @@ def _recipe(args: argparse.Namespace) -> int:
         from adaptercl.plan import plan_recipe
 
         plan = plan_recipe(recipe, args.gpu_memory, args.prompt_tokens, args.card)
+        if args.rehearsal is not None:  # the wall time as the rehearsal measured it on its machine
+            from adaptercl.plan import measured_wall_time, read_rehearsal
+
+            plan.wall_time = measured_wall_time(recipe, read_rehearsal(args.rehearsal), plan.wall_time)
         print(plan.render())
         return 0 if plan.fits else 1
+    if args.action == "rehearse":
+        return _rehearse(args, recipe)
     from adaptercl.console import run_with_progress
 
     run_with_progress(recipe)
+    return 0
+
+
+def _rehearse(args: argparse.Namespace, recipe: Any) -> int:
+    from pathlib import Path
+
+    from adaptercl.console import PlainProgress
+    from adaptercl.plan import beside_plan
+    from adaptercl.run import rehearse
+
+    out = Path(args.out or recipe.output_dir.rstrip("/\\") + "-rehearsal")
+    source = {"file": args.file, "overrides": list(args.overrides)}
+    progress = PlainProgress(recipe, sys.stderr)  # progress on stderr, the figures on stdout
+    done = rehearse(recipe, out, args.minutes, args.random_weights, progress, source)
+    print(beside_plan(recipe, done.result))
+    print(f"written: {done.path} (the whole plan: adaptercl recipe plan {args.file} --rehearsal {done.path})")
+    if done.failure is not None:
+        print(f"error: {done.failure}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -72,7 +72,7 @@ def run_with_progress(recipe: RecipeConfig, console: Console | None = None) -> R
             console.print(f"[bold]base model[/]: {info['description']}")
         elif kind == "skip":
             console.print(f"{info['stage']}: already done, skipped")
-        elif kind == "micro_batch":
+        elif kind in ("micro_batch", "note"):
             console.print(f"{info['stage']}: {info['line']}")
         elif kind == "eval":
             advance(f"eval {info['stage']}", f"{info['stage']}: eval (domains)", info["done"], info["total"])
@@ -84,15 +84,8 @@ def run_with_progress(recipe: RecipeConfig, console: Console | None = None) -> R
         elif kind == "stage":
             label = f"{info['stage']} ({info['method']}, init {info['init']})"
             tasks[info["stage"]] = progress.add_task(label, total=info["steps"], info="")
-        elif kind == "teacher_lift" and info["lift"]["n"]:
-            lift = info["lift"]
-            lo, hi = lift["lift_ci95"]
-            console.print(
-                f"{info['stage']}: teacher lift {lift['lift']:+.3f} [95% {lo:+.3f}, {hi:+.3f}] on {lift['n']} prompts "
-                f"(teacher {lift['teacher_accuracy']:.3f}, student {lift['student_accuracy']:.3f})"
-            )
         elif kind == "teacher_lift":
-            console.print(f"{info['stage']}: teacher lift: no sampled prompt got a teacher context")
+            console.print(f"{info['stage']}: {teacher_lift_line(info['lift'])}")
         elif kind == "step":
             m = info["metrics"]
             text = f"reward {m['reward_mean']:.3f} correct {m['correct_frac']:.2f} len {m['response_len_mean']:.0f}"
@@ -103,6 +96,18 @@ def run_with_progress(recipe: RecipeConfig, console: Console | None = None) -> R
     labels = ["before"] + [s.name for s in recipe.stages]
     Console().print(accuracy_table(result, labels))
     return result
+
+
+def teacher_lift_line(lift: dict) -> str:
+    """The stage-start teacher lift (teacher_lift.json) in one line, with the train prompts it tried."""
+    tried = f"{lift['prompts_tried']} prompts tried, {lift['prompts']} rolled out"
+    if not lift["n"]:
+        return f"teacher lift: no prompt got a teacher context ({tried})"
+    lo, hi = lift["lift_ci95"]
+    return (
+        f"teacher lift {lift['lift']:+.3f} [95% {lo:+.3f}, {hi:+.3f}] on {lift['n']} prompts with a context "
+        f"(teacher {lift['teacher_accuracy']:.3f}, student {lift['student_accuracy']:.3f}; {tried})"
+    )
 
 
 class PlainProgress:
@@ -121,6 +126,7 @@ class PlainProgress:
             "engine": lambda description, **_: self.line(f"rollout engine: {description}"),
             "skip": lambda stage, **_: self.line(f"[{stage}] already done, skipped"),
             "micro_batch": lambda stage, line, **_: self.line(f"[{stage}] {line}"),
+            "note": lambda stage, line, **_: self.line(f"[{stage}] {line}"),
             "stage": self.stage,
             "step": self.step,
             "eval": self.eval,
@@ -172,11 +178,4 @@ class PlainProgress:
             self.line(f"[{stage}] {what}: {done}/{total} {unit}")
 
     def teacher_lift(self, stage: str, lift: dict, **_: Any) -> None:
-        if not lift["n"]:
-            self.line(f"[{stage}] teacher lift: no sampled prompt got a teacher context")
-            return
-        lo, hi = lift["lift_ci95"]
-        self.line(
-            f"[{stage}] teacher lift {lift['lift']:+.3f} [95% {lo:+.3f}, {hi:+.3f}] on {lift['n']} prompts "
-            f"(teacher {lift['teacher_accuracy']:.3f}, student {lift['student_accuracy']:.3f})"
-        )
+        self.line(f"[{stage}] {teacher_lift_line(lift)}")

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from adaptercl.adapters.merge_math import lora_delta
 from adaptercl.recipe import RecipeError
-from adaptercl.system import atomic_dir
+from adaptercl.system import atomic_dir, read_record
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -162,10 +162,7 @@ def read_adapter_folder(path: str | Path) -> LoraFactors:
         raise RecipeError(f"{path}: not a PEFT adapter folder (no {CONFIG_FILE})")
     if not (path / WEIGHTS_FILE).is_file():
         raise RecipeError(f"{path}: no {WEIGHTS_FILE} (only safetensors adapters are supported)")
-    try:
-        config = json.loads((path / CONFIG_FILE).read_text())
-    except json.JSONDecodeError as err:
-        raise RecipeError(f"{path / CONFIG_FILE}: not valid JSON ({err})") from None
+    config = read_record(path / CONFIG_FILE, "save or export the adapter again")
     if config.get("peft_type", "LORA") != "LORA":
         raise RecipeError(f"{path}: peft_type {config.get('peft_type')!r} is not LORA")
     if config.get("use_dora"):

@@ -10,7 +10,8 @@ A domain is built from one `DomainConfig` block of the recipe by `load_domain(cf
 
 Sources (`cfg.source`):
 - `builtin:NAME` — procedural tasks generated from the seed, no download (`builtin.py`): arithmetic, mcq,
-  toolcall, and `copy` (a trivial task for tiny random models).
+  toolcall, their convention-changing variants arithmetic_hash and mcq_text, and `copy` (a trivial task for tiny
+  random models).
 - a local `.jsonl/.json/.parquet/.csv` file, a folder holding `<split>.<ext>` files, an http(s) URL of such a
   file, or a `datasets` hub id (`loading.py`; `recipe.domain_block.source_kind` tells them apart); rows are turned
   into examples by a format preset (`datasets_formats.py`: gsm8k, math500, sciknoweval, tooluse, arc, boolq,

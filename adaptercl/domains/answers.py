@@ -28,6 +28,7 @@ from typing import Any
 _NUM = r"[-−]?(?:\d{1,3}(?:,\d{3})+|\d+)?(?:\.\d+)?(?:/\d+)?"
 NUMBER_RE = re.compile(rf"(?<![\w.])({_NUM})(?![\w])")
 ANSWER_PHRASE_RE = re.compile(rf"[Tt]he (?:final )?answer is:?\s*\**\s*({_NUM})")  # builtin:arithmetic
+HASH_ANSWER_RE = re.compile(rf"####\s*({_NUM})")  # builtin:arithmetic_hash (GSM8K's answer line)
 
 
 def parse_number(text: Any) -> Fraction | None:

@@ -1,14 +1,20 @@
 """Built-in procedural domains (`source: builtin:NAME`): generated from the seed, no download, short answers.
 
-| name       | task                                         | answer format            | reward     |
-|------------|----------------------------------------------|--------------------------|------------|
-| arithmetic | single-digit + - x, several phrasings        | `... The answer is N.`   | arithmetic |
-| mcq        | pick the member of a category (3 options)    | `<answer>X</answer>`     | mcq        |
-| toolcall   | JSON call of one of two listed functions     | `{"name", "arguments"}`  | json_call  |
-| copy       | repeat a given word (for tiny random models) | the word                 | copy       |
+| name            | task                                         | answer format            | reward          |
+|-----------------|----------------------------------------------|--------------------------|-----------------|
+| arithmetic      | single-digit + - x, several phrasings        | `... The answer is N.`   | arithmetic      |
+| arithmetic_hash | arithmetic's questions, GSM8K's answer line  | last line `#### N`       | arithmetic_hash |
+| mcq             | pick the member of a category (3 options)    | `<answer>X</answer>`     | mcq             |
+| mcq_text        | mcq's questions, answered with the option    | `<answer>word</answer>`  | mcq_text        |
+| toolcall        | JSON call of one of two listed functions     | `{"name", "arguments"}`  | json_call       |
+| copy            | repeat a given word (for tiny random models) | the word                 | copy            |
 
 Each example has a system prompt, a gold answer, and a demonstration (a correct reference response, so SDFT runs
-on these too). The formats are distinct per domain, so format leakage between them is measurable.
+on these too). The formats are distinct per domain, so format leakage between them is measurable. The two variants,
+arithmetic_hash and mcq_text, ask their original's questions and facts (`FACT_PARTITION`) under another answer
+convention, stated in the system prompt (and mcq_text's one-shot): a pair whose required outputs conflict on similar
+inputs, where training one convention can overwrite the other (benchmarks/science, issue 37's sequence on which
+GRPO forgets). Not measured on the 135M model when added; the science pilots (`benchmarks/science/pilot.py`) do.
 
 Sized for the CPU quickstart (SmolLM2-135M-Instruct, GRPO, ~20-30 steps per domain): responses fit in 24 tokens
 and the base model succeeds on some prompts but not most. Measured on SmolLM2-135M-Instruct (Q4_1 GGUF,
@@ -80,7 +86,8 @@ ARITHMETIC_TEMPLATES = {
 }
 
 
-def make_arithmetic(rng: random.Random) -> Made:
+def _arithmetic_question(rng: random.Random) -> tuple[str, int, int, int, str, tuple]:
+    """(operator, a, b, value, question, fact): the draws arithmetic and arithmetic_hash share, in this order."""
     op = rng.choice("+-*")
     a, b = rng.randint(1, 9), rng.randint(1, 9)
     if op == "-" and b > a:
@@ -89,9 +96,25 @@ def make_arithmetic(rng: random.Random) -> Made:
         a = rng.randint(2, 5)
     value = a + b if op == "+" else a - b if op == "-" else a * b
     question = rng.choice(ARITHMETIC_TEMPLATES[op]).format(a=a, b=b)
-    messages = [{"role": "system", "content": ARITHMETIC_SYSTEM}, {"role": "user", "content": question}]
     fact = (op, a, b) if op == "-" else (op, min(a, b), max(a, b))  # + and x commute: one fact per operand pair
+    return op, a, b, value, question, fact
+
+
+def make_arithmetic(rng: random.Random) -> Made:
+    op, a, b, value, question, fact = _arithmetic_question(rng)
+    messages = [{"role": "system", "content": ARITHMETIC_SYSTEM}, {"role": "user", "content": question}]
     return messages, str(value), f"{a} {op} {b} = {value}. The answer is {value}.", fact
+
+
+# The same questions and facts as arithmetic with GSM8K's answer line instead of "The answer is N.": the pair
+# conflicts on similar inputs (issue 37), so training one convention can overwrite the other.
+ARITHMETIC_HASH_SYSTEM = "You are a calculator. End your reply with a last line '#### N' where N is the result."
+
+
+def make_arithmetic_hash(rng: random.Random) -> Made:
+    op, a, b, value, question, fact = _arithmetic_question(rng)
+    messages = [{"role": "system", "content": ARITHMETIC_HASH_SYSTEM}, {"role": "user", "content": question}]
+    return messages, str(value), f"{a} {op} {b} = {value}.\n#### {value}", fact
 
 
 # ---------------------------------------------------------------------------------------------------- mcq
@@ -125,16 +148,34 @@ MCQ_SHOT = [
 ]
 
 
-def make_mcq(rng: random.Random) -> Made:
+def _mcq_question(rng: random.Random) -> tuple[str, str, list[str], str]:
+    """(category, right word, options in order, question): the draws mcq and mcq_text share, in this order."""
     category = rng.choice(sorted(CATEGORIES))
     right = rng.choice(CATEGORIES[category])
     others = [rng.choice(CATEGORIES[c]) for c in rng.sample(sorted(set(CATEGORIES) - {category}), MCQ_OPTIONS - 1)]
     options = [right, *others]
     rng.shuffle(options)
-    letter = "ABCD"[options.index(right)]
     question = f"Which of these is {category}?\n" + "\n".join(f"{L}. {o}" for L, o in zip("ABCD", options))
+    return category, right, options, question
+
+
+def make_mcq(rng: random.Random) -> Made:
+    category, right, options, question = _mcq_question(rng)
+    letter = "ABCD"[options.index(right)]
     messages = [{"role": "system", "content": MCQ_SYSTEM}, *MCQ_SHOT, {"role": "user", "content": question}]
     return messages, letter, f"<answer>{letter}</answer>", (category, right)
+
+
+# The same questions and facts as mcq, answered with the option's text instead of its letter (the one-shot too): the
+# pair conflicts on similar inputs (issue 37), so training one convention can overwrite the other.
+MCQ_TEXT_SYSTEM = "Answer the multiple-choice question with the text of the correct option inside answer tags."
+MCQ_TEXT_SHOT = [MCQ_SHOT[0], {"role": "assistant", "content": "<answer>Mars</answer>"}]
+
+
+def make_mcq_text(rng: random.Random) -> Made:
+    category, right, _, question = _mcq_question(rng)
+    messages = [{"role": "system", "content": MCQ_TEXT_SYSTEM}, *MCQ_TEXT_SHOT, {"role": "user", "content": question}]
+    return messages, right, f"<answer>{right}</answer>", (category, right)
 
 
 # ---------------------------------------------------------------------------------------------------- toolcall
@@ -248,10 +289,15 @@ def make_copy(rng: random.Random) -> Made:
 # name -> (generator, reward name, format patterns)
 BUILTINS: dict[str, tuple[Callable[[random.Random], Made], str, list[str]]] = {
     "arithmetic": (make_arithmetic, "arithmetic", [r"[Tt]he answer is"]),
+    "arithmetic_hash": (make_arithmetic_hash, "arithmetic_hash", [r"####"]),
     "mcq": (make_mcq, "mcq", [r"<answer>", r"</answer>"]),
+    "mcq_text": (make_mcq_text, "mcq_text", [r"<answer>\s*[^<\s]{2,}"]),  # a word in the tags, not a letter
     "toolcall": (make_toolcall, "json_call", [r"\{\s*\"name\"\s*:", r"\"arguments\"\s*:"]),
     "copy": (make_copy, "copy", []),
 }
+# A variant asks its original's facts: the same fact partition (`is_eval_fact` keyed by the original's name), so a
+# variant's training never asks the original's eval facts and the pair's eval sets ask the same facts.
+FACT_PARTITION = {"arithmetic_hash": "arithmetic", "mcq_text": "mcq"}
 
 
 def load_builtin(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:
@@ -260,11 +306,17 @@ def load_builtin(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:
     if task not in BUILTINS:
         raise RecipeError(f"domains.{cfg.name}.source: unknown builtin {task!r}; builtins: {', '.join(BUILTINS)}")
     make, reward_name, patterns = BUILTINS[task]
+    partition = FACT_PARTITION.get(task, task)
     splits = {}
     for split, count, on_eval_side in (("eval", num_eval, True), ("train", cfg.num_train or DEFAULT_NUM_TRAIN, False)):
         rng = random.Random(f"{seed}-{task}-{split}")
         splits[split] = _generate(
-            make, rng, count, lambda fact, side=on_eval_side: is_eval_fact(seed, task, fact) == side, cfg.name, split
+            make,
+            rng,
+            count,
+            lambda fact, side=on_eval_side: is_eval_fact(seed, partition, fact) == side,
+            cfg.name,
+            split,
         )
         if len(splits[split]) < count:
             raise RecipeError(

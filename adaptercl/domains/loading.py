@@ -24,7 +24,8 @@ Splits and hygiene, in this order:
 The domain's reward shows the SDPO teacher only the feedback `cfg.feedback` allows (`rewards.with_feedback`;
 default: the format's reference behaviour, "format" for builtin sources). TRL-style rewards (`cfg.reward_funcs`, or a
 `cfg.reward` with TRL's signature) become `Domain.batch_reward` (`trl_rewards.py`); every example keeps its row's
-columns for them (`Example.columns`) and whether the row gave its prompt as chat messages.
+columns for them as they are, `fields` renaming none (`Example.columns`; a function reading a role `fields` maps
+elsewhere is warned about once, `trl_rewards.fields_warning`), and whether the row gave its prompt as chat messages.
 A malformed row raises `RecipeError` naming the file, row and field; with `skip_malformed` it is skipped and counted
 in `Domain.skipped`.
 """
@@ -44,7 +45,7 @@ from adaptercl.domains.builtin import BUILTINS, load_builtin
 from adaptercl.domains.datasets_formats import FORMATS, MalformedRow, RowFormat, conversational_prompt
 from adaptercl.domains.domain import Domain, Example, RewardFn
 from adaptercl.domains.rewards import resolve_reward, with_feedback
-from adaptercl.domains.trl_rewards import TrlRewards, load_trl_rewards
+from adaptercl.domains.trl_rewards import TrlRewards, fields_warning, load_trl_rewards
 from adaptercl.recipe import DATA_SUFFIXES, HUB_ID, DomainConfig, RecipeError, hub_id, is_url, source_kind, url_suffix
 from adaptercl.system import dataset_message, first_line
 
@@ -77,7 +78,7 @@ def check_domain(cfg: DomainConfig) -> tuple[RewardFn | TrlRewards | None, tuple
 
 def _domain_reward(cfg: DomainConfig, name: str) -> RewardFn:
     try:
-        return resolve_reward(name)
+        return resolve_reward(name, cfg.import_dirs)
     except RecipeError as err:  # "reward 'x': ..." -> "domains.NAME.reward 'x': ..."
         raise RecipeError(f"domains.{cfg.name}.{err}") from None
 
@@ -85,6 +86,8 @@ def _domain_reward(cfg: DomainConfig, name: str) -> RewardFn:
 def load_domain(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:
     """Build the domain of one recipe block: examples, eval set, reward, format patterns (see module docstring)."""
     reward, sources = check_domain(cfg)
+    if isinstance(reward, TrlRewards) and (warning := fields_warning(cfg, reward)) is not None:
+        log.warning("%s", warning)  # here, once per run: `check_domain` runs at validation and preflight too
     if isinstance(reward, TrlRewards) and not cfg.reward_funcs:  # a TRL-style `reward:` is a one-entry list
         cfg = cfg.model_copy(update={"reward": None, "reward_funcs": [cfg.reward]})
     if sources is None:

@@ -9,17 +9,19 @@ for every wrong answer; which of it the teacher sees is the domain's `feedback` 
 it is an opt-in, `feedback: correctness`). What a reply answered (its number, boxed LaTeX, option letter or tool
 calls) is read by `answers.py`; this module decides score, success and feedback.
 
-| name          | used by                      | checks                                                          |
-|---------------|------------------------------|-----------------------------------------------------------------|
-| final_number  | gsm8k                        | `#### N`, else `Answer: N`/`The answer is N`, else last number  |
-| boxed_math    | math500                      | last `\\boxed{...}` equivalent to the gold (see `math_equal`)   |
-| answer_tag    | sciknoweval                  | letter in the last `<answer>...</answer>` (SDPO's mcq.py)       |
-| action_calls  | tooluse (ToolAlpaca)         | `Action:` names and merged `Action Input:` JSON equal the gold  |
-| choice_letter | arc, boolq, piqa, winogrande | the option letter the reply states (`extract_choice_letter`)    |
-| arithmetic    | builtin:arithmetic           | `The answer is N.`; 0.2 for the format alone                    |
-| mcq           | builtin:mcq                  | `<answer>X</answer>`; 0.2 for the format alone                  |
-| json_call     | builtin:toolcall             | one JSON `{"name", "arguments"}`; up to 0.4 partial credit      |
-| copy          | builtin:copy                 | the reply starts with the gold word; 0.2 if it contains it      |
+| name            | used by                      | checks                                                          |
+|-----------------|------------------------------|-----------------------------------------------------------------|
+| final_number    | gsm8k                        | `#### N`, else `Answer: N`/`The answer is N`, else last number  |
+| boxed_math      | math500                      | last `\\boxed{...}` equivalent to the gold (see `math_equal`)   |
+| answer_tag      | sciknoweval                  | letter in the last `<answer>...</answer>` (SDPO's mcq.py)       |
+| action_calls    | tooluse (ToolAlpaca)         | `Action:` names and merged `Action Input:` JSON equal the gold  |
+| choice_letter   | arc, boolq, piqa, winogrande | the option letter the reply states (`extract_choice_letter`)    |
+| arithmetic      | builtin:arithmetic           | `The answer is N.`; 0.2 for the format alone                    |
+| arithmetic_hash | builtin:arithmetic_hash      | `#### N`; 0.2 for the format alone                              |
+| mcq             | builtin:mcq                  | `<answer>X</answer>`; 0.2 for the format alone                  |
+| mcq_text        | builtin:mcq_text             | `<answer>word</answer>`; 0.2 for the tags alone                 |
+| json_call       | builtin:toolcall             | one JSON `{"name", "arguments"}`; up to 0.4 partial credit      |
+| copy            | builtin:copy                 | the reply starts with the gold word; 0.2 if it contains it      |
 
 Partial credit always stays below 0.5, the SDPO success threshold, so a well-formatted wrong answer is never
 shown to the teacher as a correct solution. The real-dataset rewards are 0/1, as in the reference code.
@@ -32,7 +34,10 @@ reward gives the reference's truncation feedback: a reward sees only the text. `
 SDPO code does; sets, intervals and LaTeX forms: `answers.math_equal`).
 
 A user reward is `pkg.module:function` with the same signature; `resolve_reward` imports it (the one dynamic
-import of the toolkit). Rewards with TRL's batched signature are handled by `trl_rewards.py`.
+import of the toolkit) from the domain's `import_dirs` (the recipe file's folder, then the working directory), then
+Python's path: the console script's sys.path holds neither, and a user of scripts expects a module beside the recipe
+to import. Those folders are on sys.path only while the module imports; the module stays in Python's module cache,
+as any import does. Rewards with TRL's batched signature are handled by `trl_rewards.py`.
 """
 
 from __future__ import annotations
@@ -42,12 +47,15 @@ import functools
 import importlib
 import json
 import re
+import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from adaptercl.domains.answers import (
     ANSWER_PHRASE_RE,
+    HASH_ANSWER_RE,
     count_lettered_options,
     extract_action_inputs,
     extract_actions,
@@ -202,6 +210,30 @@ def mcq(text: str, example: Example) -> RewardResult:
     return RewardResult(FORMAT_CREDIT, False, f"Option {found[-1].upper()} is incorrect.", reveals_correctness=True)
 
 
+def arithmetic_hash(text: str, example: Example) -> RewardResult:
+    """builtin:arithmetic_hash: the last `#### N` equals the gold; 0.2 for `#### N` with a wrong N. "The answer is N"
+    alone is the other convention (builtin:arithmetic's): no credit."""
+    found = [f for f in HASH_ANSWER_RE.findall(text) if re.search(r"\d", f)]
+    if not found:
+        return RewardResult(0.0, False, "End your reply with a last line '#### N' where N is the result.")
+    if numbers_equal(found[-1], example.answer):
+        return RewardResult(1.0, True)
+    return RewardResult(FORMAT_CREDIT, False, f"The answer {found[-1]} is incorrect.", reveals_correctness=True)
+
+
+def mcq_text(text: str, example: Example) -> RewardResult:
+    """builtin:mcq_text: the text in the last `<answer>...</answer>` equals the gold option's (case and surrounding
+    space aside); 0.2 for the tags with anything else in them, a letter (builtin:mcq's convention) included."""
+    found = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    if not found:
+        return RewardResult(0.0, False, "Give the text of your choice inside answer tags, e.g. <answer>Mars</answer>.")
+    if found[-1].strip().lower() == str(example.answer).lower():
+        return RewardResult(1.0, True)
+    if re.fullmatch(r"\s*[A-Za-z]\s*", found[-1]):
+        return RewardResult(FORMAT_CREDIT, False, "Give the option's text inside the tags, not its letter.")
+    return RewardResult(FORMAT_CREDIT, False, f"{found[-1].strip()!r} is incorrect.", reveals_correctness=True)
+
+
 def copy(text: str, example: Example) -> RewardResult:
     """builtin:copy (for tiny random models): the reply starts with the gold word; 0.2 if it contains it."""
     words = re.findall(r"[a-z]+", text.lower())
@@ -222,7 +254,9 @@ REWARDS: dict[str, RewardFn] = {
     "action_calls": action_calls,
     "choice_letter": choice_letter,
     "arithmetic": arithmetic,
+    "arithmetic_hash": arithmetic_hash,
     "mcq": mcq,
+    "mcq_text": mcq_text,
     "json_call": json_call,
     "copy": copy,
 }
@@ -253,8 +287,9 @@ def with_feedback(reward: RewardFn, kind: FeedbackKind) -> RewardFn:
     return filtered
 
 
-def resolve_reward(spec: str) -> RewardFn:
-    """A reward by table name, or a user function `pkg.module:function` (imported here, nowhere else)."""
+def resolve_reward(spec: str, import_dirs: Sequence[str] = ()) -> RewardFn:
+    """A reward by table name, or a user function `pkg.module:function` (imported here, nowhere else), its module
+    looked for in `import_dirs` (a domain's `DomainConfig.import_dirs`) before Python's path."""
     if spec in REWARDS:
         return REWARDS[spec]
     module_name, sep, attr = spec.partition(":")
@@ -263,10 +298,34 @@ def resolve_reward(spec: str) -> RewardFn:
             f"reward {spec!r}: not a known reward ({', '.join(REWARDS)}) nor of the form 'pkg.module:function'"
         )
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as err:
-        raise RecipeError(f"reward {spec!r}: cannot import module {module_name!r} ({err})") from None
+        with _first_on_path(import_dirs):
+            module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name is None or not f"{module_name}.".startswith(f"{err.name}."):  # one the module itself imports
+            raise RecipeError(f"reward {spec!r}: importing module {module_name!r} failed: {err}") from None
+        where = ", ".join(import_dirs) + " and " if import_dirs else ""
+        raise RecipeError(
+            f"reward {spec!r}: cannot import module {module_name!r} ({err}); looked in {where}Python's path"
+        ) from None
+    except Exception as err:  # the module's own code failed (a syntax error, an exception at import): one line
+        raise RecipeError(
+            f"reward {spec!r}: importing module {module_name!r} failed: {type(err).__name__}: {err}"
+        ) from None
     fn = getattr(module, attr, None)
     if not callable(fn):
         raise RecipeError(f"reward {spec!r}: module {module_name!r} has no function {attr!r}")
     return fn
+
+
+@contextmanager
+def _first_on_path(dirs: Sequence[str]) -> Iterator[None]:
+    """`dirs` at the front of sys.path while the body runs, as a script's folder is; afterwards the entries added
+    here are removed again (what the imported module put on the path itself stays)."""
+    sys.path[:0] = dirs
+    importlib.invalidate_caches()  # a module written after its folder's finder last looked
+    try:
+        yield
+    finally:
+        for folder in dirs:
+            if folder in sys.path:
+                sys.path.remove(folder)  # the first occurrence: the one put at the front here

@@ -20,6 +20,13 @@ and `[{"role": "assistant", "content": text}]`; standard: the user turn's text a
 `reward_format` chooses, "auto" follows the row's prompt), `completion_ids` (token ids), and every other column of
 the source row as a keyword list aligned with the completions (a column absent from a row is None there).
 
+Columns arrive as the dataset has them, under their own names, as TRL passes them: the domain's `fields` choose
+what adaptercl reads as the prompt, the answer (of native rewards, `answer_options` included), the demonstration
+and the system turn, and rename nothing for these functions. So a function ported from TRL scores the same here, and
+with `fields: {answer: answer_idx}` a function's `answer=` is still the row's own `answer` column; it reads the
+mapped column as `answer_idx=`. A TRL-style function that declares a parameter named after a role `fields` maps
+elsewhere is warned about once, when the domain loads (`fields_warning`).
+
 How they combine (`weighted_reward`): None becomes NaN (not applicable to that sample), and the sample's reward is
 the nansum over functions of weight x reward, TRL's `sum_then_normalize`. A sample for which every function
 returned None is unscorable (`RewardResult.scored` False): as TRL 1.16's GRPOTrainer, it is left out of its group's
@@ -42,8 +49,9 @@ answer with format credit can be its teacher's solution; here the correct_from d
 
 Each step's log (metrics.jsonl, the trackers) has TRL's `rewards/<name>/mean` and `rewards/<name>/std` per function
 (unweighted, over the samples where it did not return None; `metric_names`, `reward_component_stats`) beside the
-combined `reward_mean`. TRL's `get_callable_name` and `nanstd` are written out here, not imported: importing
-trl.trainer.utils takes seconds.
+combined `reward_mean`; a step where it returned None for every sample (fewer than two values, for the std) logs it
+as absent, where TRL logs NaN, which a JSON line cannot hold and a chart draws as nothing anyway. TRL's
+`get_callable_name` and `nanstd` are written out here, not imported: importing trl.trainer.utils takes seconds.
 """
 
 from __future__ import annotations
@@ -188,7 +196,8 @@ class TrlRewards:
 def reward_component_stats(components: list[tuple[tuple[str, float], ...]]) -> dict[str, float]:
     """TRL's per-function reward log over a step's samples (`RewardResult.components` of each): `rewards/<name>/mean`
     (nanmean) and `/std` (TRL's `nanstd`, unbiased) of each function's unweighted rewards, NaN (a None) left out;
-    nothing for native rewards. Samples of another domain (replay) have other names and count only under theirs."""
+    nothing for native rewards. Samples of another domain (replay) have other names and count only under theirs. A
+    mean over no value, a std over fewer than two, is left out of the log, where TRL logs NaN (module docstring)."""
     columns: dict[str, list[float]] = {}
     for sample in components:
         for name, value in sample:
@@ -199,8 +208,30 @@ def reward_component_stats(components: list[tuple[tuple[str, float], ...]]) -> d
         mean = x.nanmean()
         n = (~x.isnan()).sum()
         var = ((x - mean) ** 2).nanmean() * n / (n - 1)  # NaN for fewer than 2 values, as TRL
-        stats[f"rewards/{name}/mean"], stats[f"rewards/{name}/std"] = mean.item(), var.sqrt().item()
+        for key, value in (("mean", mean), ("std", var.sqrt())):
+            if not value.isnan():
+                stats[f"rewards/{name}/{key}"] = value.item()
     return stats
+
+
+def fields_warning(cfg: DomainConfig, rewards: TrlRewards) -> str | None:
+    """One line when a TRL-style function declares a parameter named after a role that `cfg.fields` maps to another
+    column (`fields: {answer: answer_idx}` and `f(completions, answer, **kwargs)`): it gets the row's own column of
+    that name, as TRL passes columns, not the mapped one (module docstring); None when no function does."""
+    renamed = {role: column for role, column in cfg.fields.items() if column != role and role not in RESERVED_COLUMNS}
+    for label, fn, style in zip(rewards.metric_names(), rewards.funcs, rewards.styles):
+        try:
+            params = inspect.signature(fn).parameters if style == "trl" else {}
+        except (TypeError, ValueError):
+            continue
+        for role, column in renamed.items():
+            if role in params:
+                return (
+                    f"domains.{cfg.name}: reward function {label} reads {role}=, which is the row's own {role!r} "
+                    f"column (TRL passes columns as they are), not {column!r} that fields.{role} names; to score "
+                    f"against {column!r}, name the parameter {column}"
+                )
+    return None
 
 
 def _unwrap(fn: Callable) -> Callable:
@@ -245,7 +276,7 @@ def _trl_rewards(cfg: DomainConfig) -> TrlRewards | None:
         entries = [_load_entry(cfg, i, entry) for i, entry in enumerate(cfg.reward_funcs)]
         weights = cfg.reward_weights or [1.0] * len(entries)
     elif cfg.reward is not None and cfg.reward not in REWARDS:
-        fn = _import(cfg.reward, f"domains.{cfg.name}.reward")
+        fn = _import(cfg, cfg.reward, f"domains.{cfg.name}.reward")
         style = reward_style(fn)
         if style is None:
             raise RecipeError(f"domains.{cfg.name}.reward {cfg.reward!r}: {_bad_signature(fn)}")
@@ -276,29 +307,30 @@ def _correct_from(cfg: DomainConfig, labels: list[str]) -> tuple[int, ...]:
 def _load_entry(cfg: DomainConfig, i: int, entry: str | RewardFuncSpec) -> tuple[str, Callable, RewardStyle]:
     where = f"domains.{cfg.name}.reward_funcs[{i}]"
     if isinstance(entry, RewardFuncSpec):
-        factory = _import(entry.func, where)
+        factory = _import(cfg, entry.func, where)
         try:
             fn = factory(**entry.args)
         except Exception as err:
             raise RecipeError(f"{where} {entry.func!r}: calling it with args {entry.args} failed ({err})") from None
         name = entry.func
     else:
-        fn, name = _import(entry, where), entry
+        fn, name = _import(cfg, entry, where), entry
     style = reward_style(fn) if callable(fn) else None
     if style is None:
         raise RecipeError(f"{where} {name!r}: {_bad_signature(fn)}")
     return name, fn, style
 
 
-def _import(spec: str, where: str) -> Callable:
-    """A reward function by trl.rewards name, REWARDS name, 'pkg.module:function' or 'pkg.module.function'."""
+def _import(cfg: DomainConfig, spec: str, where: str) -> Callable:
+    """A reward function by trl.rewards name, REWARDS name, 'pkg.module:function' or 'pkg.module.function', imported
+    from the domain's `import_dirs` (the recipe's folder, the working directory) before Python's path."""
     if spec in TRL_NAMES:
         spec = f"trl.rewards:{spec}"
     elif ":" not in spec and "." in spec and spec not in REWARDS:
         module, _, attr = spec.rpartition(".")
         spec = f"{module}:{attr}"
     try:
-        return resolve_reward(spec)
+        return resolve_reward(spec, cfg.import_dirs)
     except RecipeError as err:  # "reward 'x': ..." -> "domains.NAME.reward_funcs[i] 'x': ..."
         raise RecipeError(f"{where} {str(err).removeprefix('reward ')}") from None
 

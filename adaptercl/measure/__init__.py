@@ -1,7 +1,8 @@
 """What a run measures and reports: greedy evaluation of every domain (`evaluate.py`), continual-learning and
 response-drift metrics (`metrics.py`, pure, used whole as a namespace), parameter drift (`weight_drift.py` and
-`lowrank_drift.py`, pure; `drift.py` on the live model), statistics of the diagnostics (`stats.py`), lm-eval
-retention probes (`lm_eval.py`), the run report (`report.py`) and experiment trackers (`trackers.py`).
+`lowrank_drift.py`, pure; `drift.py` on the live model), statistics of the diagnostics (`stats.py`), the
+formatting-artifact diagnostic (`artifacts.py`, pure), lm-eval retention probes (`lm_eval.py`), the run report
+(`report.py`) and experiment trackers (`trackers.py`).
 """
 
 from importlib import import_module
@@ -9,6 +10,8 @@ from importlib import import_module
 # name other folders use -> the module of this folder that defines it; a name equal to its module's is the module
 # itself. Imported on first use: importing the folder loads nothing.
 _EXPORTS = {
+    "formatting_artifacts": "artifacts",
+    "stage_artifacts": "artifacts",
     "BaseWeights": "drift",
     "parameter_drift_report": "drift",
     "response_drift": "drift",

@@ -3,9 +3,10 @@
 A domain's accuracy is the fraction of its eval examples whose greedy completion the domain's reward marks
 `correct`. `eval.json` keeps, per domain, accuracy, mean reward, the count, whether each example was correct (in
 eval-set order, so intervals over examples and paired comparisons of runs on the same eval set can be taken after the
-run) and a few sample completions. Under data-parallel ranks (`system/distributed.py`) each rank decodes a contiguous
-share of the examples and every rank gathers all of them, in order, so the row is computed from the same list as with
-one process.
+run), each example's greedy completion (`completions`, eval-set order: the formatting-artifact diagnostic,
+`artifacts.py`, compares a stage's with the base's) and the first few with their ids (`samples`). Under data-parallel
+ranks (`system/distributed.py`) each rank decodes a contiguous share of the examples and every rank gathers all of
+them, in order, so the row is computed from the same list as with one process.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def evaluate_domain(
         "n": len(records),
         "mean_response_tokens": sum(n_tokens for _, n_tokens, _, _ in records) / len(records),
         "correct": [bool(correct) for *_, correct in records],  # [n], eval-set order
+        "completions": [text for text, *_ in records],  # [n], eval-set order
         "samples": [
             {"id": ex.id, "completion": text, "correct": correct}
             for ex, (text, _, _, correct) in list(zip(examples, records))[:SAMPLES_KEPT]

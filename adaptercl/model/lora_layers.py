@@ -17,10 +17,10 @@ model's config as the adapter is attached. No torch import.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from adaptercl.model.shapes import read_model_config
 from adaptercl.recipe import ModelConfig, RecipeConfig, RecipeError
 
 BUILTIN_LAYERS = {"tiny-random": 2, "smollm2-135m-instruct": 30}  # the built-in aliases' decoder layers
@@ -71,12 +71,8 @@ def base_layer_count(model_cfg: ModelConfig, download: bool = False) -> int | No
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    """A config.json as a dict; {} when it is not a JSON object (loading the base then says what is wrong)."""
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return {}
-    return config if isinstance(config, dict) else {}
+    """A config.json as a dict; one that does not parse is a RecipeError naming it (`shapes.read_model_config`)."""
+    return read_model_config(path)
 
 
 def config_layer_count(config: dict[str, Any]) -> int | None:

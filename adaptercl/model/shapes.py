@@ -4,16 +4,18 @@
 
 A shape comes from `SHAPES` (known architectures, from each model's config.json) or a local folder's config.json,
 never from the hub; a run reads its loaded model's config (`shape_from_config`). `kv_bytes` is the bf16 KV cache of
-some tokens. No torch.
+some tokens. `read_model_config` is how every module reads a model folder's config.json: one that does not parse (a
+hub page saved from a `/blob/` link is HTML) is one line naming it. No torch.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from adaptercl.recipe import RecipeError, StageConfig
+from adaptercl.system import read_record
 
 GIB = 2**30
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -66,7 +68,7 @@ def shape_of(model_name: str) -> Shape:
     """The shape of a known hub id or of a local folder's config.json; RecipeError otherwise (no download)."""
     folder = Path(model_name)
     if (folder / "config.json").is_file():
-        return shape_from_config(json.loads((folder / "config.json").read_text()), f"{folder}/config.json")
+        return shape_from_config(read_model_config(folder / "config.json"), f"{folder}/config.json")
     key = model_name.lower().removesuffix("-instruct")
     if key not in SHAPES:
         raise RecipeError(
@@ -74,6 +76,15 @@ def shape_of(model_name: str) -> Shape:
             "point model.name at a local folder with its config.json (nothing is downloaded)"
         )
     return SHAPES[key]
+
+
+def read_model_config(path: str | Path) -> dict[str, Any]:
+    """A model's config.json (`path`: the file) as a dict; one that does not parse is a RecipeError naming it."""
+    fix = (
+        "it must be the model's own config.json: download it again with the hub's /resolve/ link or "
+        "`huggingface-cli download` (a /blob/ link saves the web page)"
+    )
+    return read_record(path, fix)
 
 
 def shape_from_config(cfg: dict, where: str) -> Shape:

@@ -1,6 +1,7 @@
 """`adaptercl recipe plan`: a recipe's predicted peak GPU memory per phase (`memory.py`) and wall time
 (`wall_time.py`), before anything is downloaded, and the live-tensor-bytes tracer the memory model is checked with
-(`memory_trace.py`).
+(`memory_trace.py`); with `--rehearsal`, the wall time from a rehearsal on this machine (`rehearsal.py`), and what a
+rehearsal measured beside the plan (`rehearsal_table.py`).
 """
 
 from importlib import import_module
@@ -11,6 +12,13 @@ _EXPORTS = {
     "MICRO_BATCH_MARGIN": "memory",
     "auto_micro_batch": "memory",
     "plan_recipe": "memory",
+    "REHEARSAL_KIND": "rehearsal",
+    "REHEARSAL_VERSION": "rehearsal",
+    "measured_wall_time": "rehearsal",
+    "read_rehearsal": "rehearsal",
+    "recipe_hash": "rehearsal",
+    "spread": "rehearsal",
+    "beside_plan": "rehearsal_table",
 }
 __all__ = sorted(_EXPORTS)
 

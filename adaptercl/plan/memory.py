@@ -31,7 +31,7 @@ from adaptercl.plan import rehearsal_check
 from adaptercl.plan.diagnostics_memory import diagnostics_parts, drift_cache_bytes, runs_parameter_drift
 from adaptercl.plan.step_memory import C0_GIB, entropy_pass_terms, frozen_params, train_terms, train_workload
 from adaptercl.plan.wall_time import WallTime, estimate_wall_time, step_s
-from adaptercl.recipe import ENGINES, RecipeConfig, StageConfig
+from adaptercl.recipe import ENGINES, METHODS, RecipeConfig, StageConfig
 from adaptercl.rollout import (
     PROMPT_TOKENS,
     VLLM_ASLEEP_GIB,
@@ -109,7 +109,7 @@ def step_terms(shape: Shape, recipe: RecipeConfig, index: int, prompt: int, card
     stage = recipe.stages[index]
     workload = train_workload(shape, stage, index, prompt, rows, **kw)
     terms = train_terms(shape, recipe.quantization, workload)
-    if stage.method == "hybrid" and stage.hybrid.distill_on == "high_entropy":
+    if METHODS[stage.method].entropy_pass(stage.hybrid):
         terms = max(terms, entropy_pass_terms(shape, recipe.quantization, workload), key=gib)
     cache = runs_parameter_drift(recipe) and (index > 0 or stage.monitor.drift_every)
     kept = {"drift_cache": drift_cache_bytes(shape, recipe, stage)} if cache else {}

@@ -83,7 +83,7 @@ class TrainWorkload:
     previous: bool = False  # regularizers.kl_prev > 0: the previous stage's policy scores every row
     reference: bool = False  # grpo.kl_coef > 0: the base model's log-probs of every row
     trust_region: bool = False  # distill.teacher.kind trust_region: two teacher-prompt forwards, mixed
-    step_hidden_rows: int = 0  # srpo: rows whose teacher hidden states stay alive across the step
+    step_hidden_rows: int = 0  # sample_routed (srpo): rows whose teacher hidden states stay alive across the step
 
 
 def no_grad_layer_bytes(shape: Shape, rows: int, tokens: int, dtype_bytes: int = 2) -> float:
@@ -173,7 +173,7 @@ def train_workload(shape: Shape, stage: StageConfig, index: int, prompt: int, ro
         previous=stage.regularizers.kl_prev > 0,
         reference=stage.grpo.kl_coef > 0 and METHODS[stage.method].policy_term,
         trust_region=teacher and stage.distill.teacher.kind == "trust_region",
-        step_hidden_rows=sequences if stage.method == "srpo" else 0,
+        step_hidden_rows=sequences if METHODS[stage.method].sample_routed else 0,
     )
 
 

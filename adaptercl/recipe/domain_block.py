@@ -17,13 +17,14 @@ to mean a local folder for sure.
 
 from __future__ import annotations
 
+import os
 import re
 import string
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from adaptercl.recipe.method_blocks import ConfigBlock
 
@@ -110,13 +111,16 @@ class DomainConfig(ConfigBlock):
     ) = Field(None, description="Row format preset of a dataset source; builtin sources imply their own.")
     fields: dict[str, str] = Field(
         default_factory=dict,
-        description="generic format: dataset field for prompt, answer, demonstration, system (default: same name).",
+        description="generic format: dataset field for prompt, answer, demonstration, system (default: same name). "
+        "What adaptercl reads; it renames no column for reward_funcs, which get the row's columns as they are, as "
+        "TRL passes them (fields: {answer: answer_idx} leaves a function's answer= the row's answer column).",
     )
     reward: str | None = Field(
         None,
         description="Reward name from the REWARDS table or 'pkg.module:function'; default: the format's own. A user "
         "function with TRL's signature (parameters prompts/completions/completion_ids or **kwargs) is used as "
-        "`reward_funcs: [it]`.",
+        "`reward_funcs: [it]`. The module is imported from the recipe file's folder, then the working directory, "
+        "then Python's path (a module beside the recipe imports, as beside a script).",
     )
     reward_funcs: list[str | RewardFuncSpec] = Field(
         default_factory=list,
@@ -124,7 +128,8 @@ class DomainConfig(ConfigBlock):
         "| None]`, as GRPOTrainer's reward_funcs: 'pkg.module:function', TRL's dotted 'pkg.module.function', a "
         "name of trl.rewards (accuracy_reward, think_format_reward, reasoning_accuracy_reward), or {func, args} "
         "for a factory. The sample's reward is the nansum of the weighted rewards (None = not applicable). "
-        "Replaces `reward`; the generic format's answer field is then optional.",
+        "Replaces `reward`; the generic format's answer field is then optional. Modules are imported from the "
+        "recipe file's folder, then the working directory, then Python's path.",
     )
     reward_weights: list[float] | None = Field(
         None, description="One weight per reward_funcs entry (TRL's reward_weights); default: all 1.0."
@@ -191,6 +196,21 @@ class DomainConfig(ConfigBlock):
         description="Regexes of this domain's answer-format tokens for format-leak detection; default: the "
         "format's own (e.g. \\boxed for math500).",
     )
+    # The folder of the recipe file the domain was read from (`load.load_recipe`; None for a recipe made in code).
+    # Not a field: never in a dump or recipe.resolved.yaml, so a recipe moved elsewhere is still the same run.
+    _recipe_dir: str | None = PrivateAttr(None)
+
+    @property
+    def import_dirs(self) -> tuple[str, ...]:
+        """Where the module of a `pkg.module:function` reward is looked for before Python's own path
+        (`rewards.resolve_reward`): the recipe file's folder, then the working directory, as running a script puts
+        its folder first on sys.path. The recipe's folder first: a module written beside a recipe is the one it
+        means, whichever folder the command runs from."""
+        return tuple(dict.fromkeys(d for d in (self._recipe_dir, os.getcwd()) if d))
+
+    def read_from(self, recipe_file: str | Path) -> None:
+        """Record the recipe file the domain was read from (for `import_dirs`)."""
+        self._recipe_dir = str(Path(recipe_file).absolute().parent)
 
     @field_validator("name")
     @classmethod

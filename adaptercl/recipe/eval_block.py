@@ -63,10 +63,11 @@ class EvalConfig(ConfigBlock):
         ge=0,
         description="Teacher lift at the start of each stage with a self-teacher (sdpo, sdft, hybrid): seeded train "
         "prompts of the stage's domain on which the teacher's greedy accuracy with its context is compared to the "
-        "student's (teacher_lift.json, report.md; diagnostics.py). 0 = off. Costs about prompts x group_size "
+        "student's (teacher_lift.json, report.md; diagnostics.py). 0 = off. Costs at most prompts x group_size "
         "sampled and as many greedy responses once per stage: the rollouts of 2 x prompts / prompts_per_step "
-        "training steps. Default 8 (was 16), sized so that the diagnostics stay under a quarter of the "
-        "quickstart's time (benchmarks/quickstart/diagnostics.md); raise it for a narrower interval.",
+        "training steps (prompts no rollout could give a context are passed over unrolled, greedy answers "
+        "decoded only where a context exists). Default 8 (was 16), sized so that the diagnostics stay under a "
+        "quarter of the quickstart's time (benchmarks/quickstart/diagnostics.md); raise it for a narrower interval.",
     )
     stage_kl_prompts: int = Field(
         8,

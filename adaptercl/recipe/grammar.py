@@ -175,8 +175,9 @@ class StageConfig(_Block):
             self.distill.topk = spec.topk
         if self.distill.aggregation is None:
             self.distill.aggregation = spec.distill_aggregation
-        if spec.lr is not None and "lr" not in self.optim.model_fields_set:
-            self.optim.lr = spec.lr
+        for name in ("lr", "weight_decay", "warmup_steps"):  # a method's optimiser defaults (srpo: the paper's)
+            if getattr(spec, name) is not None and name not in self.optim.model_fields_set:
+                setattr(self.optim, name, getattr(spec, name))
         if spec.sample_routed:
             for block, aggregation in (("grpo", self.grpo.aggregation), ("distill", self.distill.aggregation)):
                 if aggregation != "token_mean":
@@ -194,6 +195,11 @@ class StageConfig(_Block):
         if spec.one_sample_per_prompt and self.rollout.group_size != 1:
             raise ValueError(
                 f"{self.method} samples one response per prompt: set rollout.group_size to 1 for this stage"
+            )
+        if spec.needs_siblings is not None and self.rollout.group_size < 2:
+            raise ValueError(
+                f"{self.method} learns nothing from one response per prompt ({spec.needs_siblings}): set "
+                "rollout.group_size to 2 or more for this stage (default 8)"
             )
         return self
 
@@ -277,11 +283,21 @@ STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid",
 
 def _check_refresh_schedule(teacher: TeacherConfig, steps: int) -> None:
     """A restart_freeze or gated teacher that could never refresh within the stage is a stage_start teacher in
-    disguise: refuse it, saying what to change."""
+    disguise: refuse it, saying what to change. A gated window longer than its check period is refused too: right
+    after the baseline or a refresh, the next check's window repeats gate_window − refresh_every steps of the
+    reference window, which cancel in the difference, so the rule would compare two refresh_every-step blocks with
+    its delta scaled by gate_window / refresh_every."""
     if teacher.kind == "restart_freeze" and teacher.refresh_every > steps:
         raise ValueError(
             f"distill.teacher.refresh_every ({teacher.refresh_every}) is more than optim.steps ({steps}): the "
             "restart_freeze teacher would never refresh; lower it, or use distill.teacher.kind stage_start"
+        )
+    if teacher.kind == "gated" and teacher.gate_window > teacher.refresh_every:
+        raise ValueError(
+            f"distill.teacher.gate_window ({teacher.gate_window}) is longer than refresh_every "
+            f"({teacher.refresh_every}): each check's window would share "
+            f"{teacher.gate_window - teacher.refresh_every} steps with the window it is compared with; set "
+            "gate_window <= refresh_every"
         )
     first = first_gated_check(teacher.gate_window, teacher.refresh_every)
     if teacher.kind == "gated" and first > steps:

@@ -17,7 +17,8 @@ from adaptercl.recipe.grammar import RecipeConfig, RecipeError, resolve_recipe
 
 
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> RecipeConfig:
-    """Read a recipe file, apply `a.b.c=value` overrides (stages and domains addressed by name), validate."""
+    """Read a recipe file, apply `a.b.c=value` overrides (stages and domains addressed by name), validate; each
+    domain remembers the file's folder, where its `pkg.module:function` rewards are looked for first."""
     path = Path(path)
     if not path.is_file():
         raise RecipeError(f"recipe file {str(path)!r} does not exist")
@@ -33,7 +34,10 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> RecipeConfig:
         raise RecipeError(f"{path}: not valid YAML{where}: {getattr(err, 'problem', err)}") from None
     for override in overrides:
         apply_override(raw, override)
-    return resolve_recipe(raw)
+    recipe = resolve_recipe(raw)
+    for domain in recipe.domains:  # its reward modules import from the recipe's folder (`DomainConfig.import_dirs`)
+        domain.read_from(path)
+    return recipe
 
 
 def apply_override(raw: dict, override: str) -> None:

@@ -1,7 +1,7 @@
-"""The method blocks of the recipe grammar: `grpo`, `distill` (with its `teacher`), `hybrid`, `srpo`, `regularizers`
-and `monitor`, each field typed and documented, plus the reference prompt strings. Method-dependent defaults live in
-the method table (`method_table.METHODS`); `grammar.py` assembles the blocks into stages and recipes. No torch
-import."""
+"""The method blocks of the recipe grammar: `grpo`, `distill` (with its `teacher` and its lift `gate`), `hybrid`,
+`srpo`, `regularizers` and `monitor`, each field typed and documented, plus the reference prompt strings.
+Method-dependent defaults live in the method table (`method_table.METHODS`); `grammar.py` assembles the blocks into
+stages and recipes. No torch import."""
 
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ class TeacherConfig(ConfigBlock):
         ge=1,
         description="`gated`: how many recent optimiser steps' training rollouts (the stage's own prompts, not "
         "replay) make the evidence: their pooled reward mean and response-length p95. Default refresh_every: each "
-        "check reads the steps since the previous one. The first full window is the baseline (the stage-start "
+        "check reads the steps since the previous one. At most refresh_every (a longer window would share steps "
+        "with the one it is compared with, and is refused). The first full window is the baseline (the stage-start "
         "teacher's reward and p95); checks start after it. The toolkit's choice (CGTR's window not checked).",
     )
     gate_reward_delta: float = Field(
@@ -137,6 +138,64 @@ class TeacherConfig(ConfigBlock):
         "(CUDA; NF4 with bf16 compute) it changes nothing. The student's forward, the divergence and the gradients "
         "stay in the model's precision.",
     )
+
+
+class LiftGateConfig(ConfigBlock):
+    """`distill.gate`: distil only while the self-teacher, shown its context, measurably answers better than the
+    student on the stage's own training prompts; otherwise the step's update is GRPO's on the same rollouts (sdpo and
+    sdft too: the clipped policy term with the stage's `grpo` block). For sdpo, sdft, hybrid and srpo; a grpo stage
+    ignores it. Checked at the stage's start and every `every` steps; each check logged with its evidence in
+    metrics.jsonl (`lift_gate_*`); docs/design.md §4c, `train/lift_gate.py`.
+
+    The measurement is the `teacher_lift` diagnostic's: per train prompt with a teacher context, the teacher's greedy
+    accuracy with its context minus the student's greedy accuracy, paired over prompts, with a percentile-bootstrap
+    95 % interval. Its contexts come from the step's own rollouts first (no extra generation), then from a group
+    rollout of further seeded train prompts; never the eval set.
+
+    Why the default rule is `lower_bound` with `min_pairs` 8: GRPO on the same rollouts is the method every
+    distilling method is measured against, so the gate stays on GRPO's side until the data show the teacher knows
+    more (self-distillation's gain is linear in that gap, arXiv 2605.30070; a teacher without lift is what SDPO
+    distilled from where it collapsed in benchmarks/science). With fewer than 8 prompts the bootstrap has few
+    distinct resamples and two lucky prompts would open it; at n = 8 a teacher right where the student is wrong on 3
+    prompts and tied on the other 5 (lift 0.375, interval [0.125, 0.75]) opens it, on 2 (0.25, [0, 0.625]) does
+    not. `mean` opens on any positive estimate: more distillation, less evidence."""
+
+    kind: Literal["off", "lift"] = Field(
+        "off", description="`lift`: gate distillation on the teacher's measured lift; `off`: always distil."
+    )
+    every: int = Field(
+        10,
+        ge=1,
+        description="Steps between checks: at 0-based steps 0, every, 2 x every, ... (each before that step's update; "
+        "the decision holds until the next). 10, the teachers' refresh_every default, is the toolkit's choice.",
+    )
+    prompts: int = Field(
+        16,
+        ge=1,
+        description="Train prompts a check tries at most: the step's own first, then a seeded draw, prompts_per_step "
+        "at a time. A check stops early once even a context on every prompt left could not reach min_pairs. 16 is "
+        "the toolkit's: 4 of the CPU recipes' steps of rollouts when no prompt is the step's.",
+    )
+    min_pairs: int = Field(
+        8, ge=1, description="Prompts with a teacher context needed before the gate can open (the rule's n)."
+    )
+    rule: Literal["lower_bound", "mean"] = Field(
+        "lower_bound",
+        description="What opens the gate, with n >= min_pairs: `lower_bound` the lower end of the lift's paired 95 % "
+        "interval > 0 (the default: see the block's docstring), `mean` the lift > 0.",
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="Tokens of each greedy answer; default the stage's rollout.max_new_tokens."
+    )
+
+    @model_validator(mode="after")
+    def _can_open(self) -> LiftGateConfig:
+        if self.kind == "lift" and self.min_pairs > self.prompts:
+            raise ValueError(
+                f"min_pairs ({self.min_pairs}) is more than prompts ({self.prompts}): the gate could never open; "
+                "lower min_pairs or raise prompts"
+            )
+        return self
 
 
 def first_gated_check(window: int, every: int) -> int:
@@ -181,6 +240,7 @@ class DistillConfig(ConfigBlock):
         "tokens). `seq_mean_token_mean` leaves sequences without a target out of the mean instead (verl).",
     )
     teacher: TeacherConfig = Field(default_factory=TeacherConfig)
+    gate: LiftGateConfig = Field(default_factory=LiftGateConfig)
     reprompt_template: str = SDPO_REPROMPT
     solution_template: str = SDPO_SOLUTION
     feedback_template: str = SDPO_FEEDBACK
@@ -204,7 +264,8 @@ class HybridConfig(ConfigBlock):
 class SrpoConfig(ConfigBlock):
     """SRPO (Sample-Routed Policy Optimization, arXiv 2604.02288; `train/srpo.py`): what it adds to the `grpo` and
     `distill` blocks. Its other paper defaults (Table 3) are the method's defaults there: EMA teacher rate 0.05,
-    top-100 + tail JSD with alpha 0.5, importance-weight cap 2 (distill), clip-high 0.28 (grpo), lr 5e-6 (optim)."""
+    top-100 + tail JSD with alpha 0.5, importance-weight cap 2 (distill), clip-high 0.28 (grpo), lr 5e-6, weight decay
+    0.01 and 10 warm-up steps (optim, where the stage sets none)."""
 
     entropy_beta: float = Field(
         1.0,
@@ -235,8 +296,16 @@ class RegularizerConfig(ConfigBlock):
         0.0,
         ge=0.0,
         lt=1.0,
-        description="Share of each step's prompts drawn from earlier stages' domains (scored by their own reward); "
-        "rounded, at least 1 prompt when > 0 and an earlier domain exists.",
+        description="Share of each step's prompts drawn from earlier stages' domains (scored by their own reward, "
+        "rolled out by the current policy and trained with the stage's loss); replay_rounding makes it a count.",
+    )
+    replay_rounding: Literal["at_least_one", "stochastic"] = Field(
+        "at_least_one",
+        description="How replay_fraction x prompts_per_step becomes a whole number of prompts per step (at most "
+        "prompts_per_step - 1): `at_least_one` rounds it, at least 1 (what the hybrid and SRPO recipes ran with; 0.01 "
+        "of 4 prompts replays 1 every step); `stochastic` replays its whole part and one more with probability its "
+        "fractional part, drawn from the step's seed (the same on resume), so the share is the fraction in "
+        "expectation: 0.01 of 4 prompts replays 1 prompt on about 1 step in 25.",
     )
 
 

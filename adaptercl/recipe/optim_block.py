@@ -35,14 +35,26 @@ class OptimConfig(ConfigBlock):
         "training peak (memory.py, with what a colocated vLLM keeps) times 1.1 fits the card, printed "
         "and written to the stage's micro_batch.json; without CUDA, grad_accum's split. Default: grad_accum's split.",
     )
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (transformers' warm-up: step 0 has LR 0).")
+    warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="Linear warm-up steps of each stage (transformers' warm-up: step 0 has LR 0). A stage that does "
+        "not set it gets its method's default: 10 for srpo (the SRPO paper's, Table 3; its one long run warms up "
+        "once, here every stage's schedule starts again, so set it for short stages), 0 for the others.",
+    )
     schedule: Literal["constant", "linear", "cosine", "cosine_with_restarts", "inverse_sqrt"] = Field(
         "constant",
         description="LR schedule: transformers' scheduler of that name over the stage's steps (lr_schedule.py; "
         "`constant` is transformers' constant_with_warmup), as TRL's lr_scheduler_type.",
     )
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    weight_decay: float = Field(
+        0.0,
+        ge=0.0,
+        description="AdamW weight decay of the LoRA parameters (decoupled, torch.optim.AdamW). A stage that does not "
+        "set it gets its method's default: 0.01 for srpo (the SRPO paper's, Table 3), 0.0 for the others (TRL's "
+        "GRPOConfig and the HF Trainer's TrainingArguments default).",
+    )
     activation_checkpointing: Literal["auto"] | bool = Field(
         "auto",
         description="Recompute each decoder layer's activations in backward instead of keeping them (transformers' "

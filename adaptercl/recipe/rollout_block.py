@@ -92,12 +92,28 @@ class RolloutConfig(ConfigBlock):
         description="Rollout and evaluation engine: plain transformers (reference), vLLM in this process, a running "
         "vLLM server (`rollout.server`) on other GPUs or hosts, or auto: vLLM in this process where a CUDA device "
         "is visible and vLLM imports and can load the base, else transformers; decided when the run starts, which "
-        "says which and why (engine_choice.py).",
+        "says which and why (engine_choice.py). Under auto a vLLM that fails while starting, loading an adapter, "
+        "sleeping, waking or generating hands the run to transformers with one line, recorded in the run "
+        "directory's rollout_engine.jsonl; vllm named here stops with one line instead (rollout/fallback.py).",
     )
-    group_size: int = Field(8, ge=1, description="Samples per prompt (G). SDFT uses 1 sample per prompt.")
+    group_size: int = Field(
+        8,
+        ge=1,
+        description="Samples per prompt (G). SDFT uses 1 sample per prompt; GRPO and SRPO need 2 or more (their "
+        "advantages are centred on the group, SRPO distils from a successful sibling: method_table.needs_siblings).",
+    )
     max_new_tokens: int = Field(256, ge=1, description="Longest sampled response, in tokens.")
     temperature: float = Field(1.0, gt=0.0, description="Sampling temperature; logits are divided by it in losses.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling mass (1: the full distribution). Below 1 every engine samples from the "
+        "renormalised nucleus and its logprobs are that distribution's (vLLM's processed_logprobs, the hf engine's "
+        "response_logprobs), while the trainer's are under the full softmax: the rollout-mismatch weight compares "
+        "them after adding the log of the mass the trainer's own nucleus keeps to the engine's, so on-policy rows "
+        "weigh 1, not the kept mass (trl#6789); the GRPO ratio stays under the full softmax (rollout/truncation.py).",
+    )
     batch_size: int = Field(64, ge=1, description="Sequences per generate call (hf engine).")
     fold_lora: bool = Field(
         True,
@@ -109,7 +125,9 @@ class RolloutConfig(ConfigBlock):
         0.3,
         description="vLLM on CUDA: the share of the whole card it may claim (weights, LoRA slots, runtime, KV cache). "
         "auto: the share the memory plan gives its NF4 weights, LoRA slots, runtime and the KV cache of one step's "
-        "rollouts at the cap (1024-token prompts), rounded up to 0.01 (vllm_memory.vllm_utilization).",
+        "rollouts at the cap (1024-token prompts), rounded up to 0.01 (vllm_memory.vllm_utilization). A share above "
+        "the card's free memory when vLLM starts, or too small for its weights, LoRA slots, runtime and one sequence, "
+        "is one line before it loads (vllm_memory.check_claim).",
     )
     vllm_base: str | None = Field(
         None,
@@ -117,12 +135,17 @@ class RolloutConfig(ConfigBlock):
         "version cannot load the trainer's bitsandbytes base; rollouts become slightly off-policy.",
     )
     max_loras: int | None = Field(
-        None, ge=1, description="vLLM: GPU adapter slots (each request serves one combined adapter); default 2."
+        None,
+        ge=1,
+        description="vLLM: GPU adapter slots (each request serves one combined adapter, so 1 serves a stage); "
+        "default 2. Slots that do not fit vLLM's claim on the card are one line before it loads.",
     )
     max_lora_rank: int | None = Field(
         None,
         ge=1,
-        description="vLLM: largest adapter rank served; default: the largest combined rank the recipe needs.",
+        description="vLLM: largest adapter rank served, rounded up to a rank vLLM accepts (1, 8, 16, 32, 64, 128, "
+        "256, 320, 512); default: the largest combined rank the recipe needs (the ranks stacked under a stage's "
+        "policy or teacher add up). A value below that need is one line at `recipe validate`.",
     )
     enable_sleep_mode: bool = Field(
         True, description="vLLM on CUDA: free the engine's GPU memory around each optimiser step (sleep level 1)."

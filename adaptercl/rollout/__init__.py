@@ -4,9 +4,11 @@ What every engine implements and returns (`protocol.py`: `RolloutEngine`, `Sampl
 `RolloutServerError`); the engines: `hf` (`hf.py`, transformers `generate` on the training model itself, the CPU
 reference and always on-policy), `vllm` (`vllm.py`, multi-LoRA serving in this process; `colocate.py`, one engine per
 data-parallel rank) and `vllm_server` (`vllm_server.py`, a running vLLM server over HTTP); which version of the
-adapters vLLM serves (`adapter_versions.py`); vLLM's settings and limits, torch-free (`vllm_settings.py`), and what a
+adapters vLLM serves (`adapter_versions.py`); what top-p / top-k sampling keeps, for logprobs both sides of the
+rollout-mismatch ratio share (`truncation.py`); vLLM's settings and limits, torch-free (`vllm_settings.py`), and what a
 colocated engine takes of the card (`vllm_memory.py`); `rollout.engine: auto` decided (`engine_choice.py`); and the
-run's engine, built once from the recipe (`engines.py`: `Engines`).
+run's engine, built once from the recipe (`engines.py`: `Engines`), vLLM guarded so that a failure under auto goes on
+with transformers and a named one stops in one line (`fallback.py`).
 """
 
 from importlib import import_module
@@ -14,6 +16,7 @@ from importlib import import_module
 # name other folders use -> the module of this folder that defines it; a name equal to its module's is the module
 # itself. Imported on first use: importing the folder loads nothing.
 _EXPORTS = {
+    "falls_back": "engine_choice",
     "planned": "engine_choice",
     "resolve_engine": "engine_choice",
     "Engines": "engines",
@@ -28,6 +31,8 @@ _EXPORTS = {
     "ServerClient": "server_client",
     "ServerUnreachable": "server_client",
     "check_server": "server_client",
+    "kept_log_mass": "truncation",
+    "sampler_logprobs": "truncation",
     "PROMPT_TOKENS": "vllm_memory",
     "VLLM_ASLEEP_GIB": "vllm_memory",
     "step_companions": "vllm_memory",
@@ -37,6 +42,7 @@ _EXPORTS = {
     "INSTALL_HINT": "vllm_settings",
     "default_max_model_len": "vllm_settings",
     "require_vllm": "vllm_settings",
+    "served_lora_rank": "vllm_settings",
     "vllm_lora_rank": "vllm_settings",
 }
 __all__ = sorted(_EXPORTS)

@@ -12,7 +12,10 @@ dtype (`adaptercl.rollout.vllm`), unless `rollout.vllm_base` names a rollout-sid
 never chosen by `auto`: it samples at about half the transformers engine's speed there (docs/vllm.md).
 
 The run (`run.sequence.run_recipe`), `recipe validate` and `adaptercl eval` resolve the recipe before `preflight`, and
-the run reports the choice as its first line (the `rollout_engine` event). The run directory keeps the recipe as
+the run reports the choice as its first line (the `rollout_engine` event). What can only be known by trying (vLLM
+starting on this card, loading an adapter, sleeping, waking, generating) is tried when the engine starts: under auto a
+failure there or later switches the run to transformers with one line, recorded in the run directory
+(`falls_back`, `fallback.py`). The run directory keeps the recipe as
 written (`auto`), so a run resumed on another machine decides again. `recipe plan` plans `auto` as `PLANNED_ENGINE`
 (vLLM: what auto picks on a CUDA card with vLLM installed; `rollout.engine=hf` plans the other case).
 """
@@ -23,6 +26,7 @@ import ctypes
 from dataclasses import dataclass
 
 from adaptercl.recipe import RecipeConfig
+from adaptercl.rollout.protocol import first_line
 
 AUTO = "auto"
 PLANNED_ENGINE = "vllm"  # what `recipe plan` assumes auto picks: it plans a CUDA card with vLLM installed
@@ -44,13 +48,21 @@ class EngineChoice:
 def resolve_engine(recipe: RecipeConfig) -> tuple[RecipeConfig, EngineChoice]:
     """The recipe with `auto` replaced in every stage by the engine this machine gives it, and that choice; a recipe
     naming its engine is returned as it is."""
-    requested = recipe.stages[0].rollout.engine  # one engine serves every stage (recipe/grammar.py checks)
-    if requested != AUTO:
-        return recipe, EngineChoice(requested, "named in the recipe")
+    rollout = recipe.stages[0].rollout  # one engine serves every stage (recipe/grammar.py checks)
+    if rollout.engine != AUTO:
+        return recipe, EngineChoice(
+            rollout.engine, "named in the recipe" if "engine" in rollout.model_fields_set else "default"
+        )
     blocker, found = _vllm_blocker(_base_needs(recipe))
     if blocker is None:
         return with_engine(recipe, "vllm"), EngineChoice("vllm", f"auto: {found}", decided=True)
     return with_engine(recipe, "hf"), EngineChoice("hf", f"auto: {blocker}; transformers instead", decided=True)
+
+
+def falls_back(written: RecipeConfig) -> bool:
+    """Whether a run of the recipe as written goes on with transformers when its vLLM engine fails (auto), rather than
+    stopping with one line (a named engine): `engines.Engines`, `fallback.GuardedEngine`."""
+    return written.stages[0].rollout.engine == AUTO
 
 
 def with_engine(recipe: RecipeConfig, engine: str) -> RecipeConfig:
@@ -79,7 +91,7 @@ def _vllm_blocker(needs: tuple[bool, bool]) -> tuple[str | None, str]:
     try:
         import vllm
     except Exception as err:  # noqa: BLE001 - any failure at import (missing, or built for another torch) is the reason
-        return f"vLLM does not import ({type(err).__name__}: {_first_line(err)})", ""
+        return f"vLLM does not import ({type(err).__name__}: {first_line(err, 200)})", ""
     import torch  # vLLM imported it already
 
     if not torch.cuda.is_available():
@@ -111,8 +123,3 @@ def cuda_device_count() -> int:
     if driver.cuInit(0) != 0 or driver.cuDeviceGetCount(ctypes.byref(count)) != 0:
         return 0
     return count.value
-
-
-def _first_line(err: Exception, limit: int = 200) -> str:
-    text = str(err).strip().splitlines()
-    return (text[0] if text else "no message")[:limit]

@@ -1,17 +1,18 @@
-"""The plain-transformers rollout engine: batched, seeded `generate` on the training model itself.
+"""The plain-transformers rollout engine: batched, seeded decoding on the training model itself.
 
 It runs on the same PeftModel the trainer updates, so rollouts are exactly on-policy and adapter "sync" is free.
 Prompts that begin alike (a group's samples, a few-shot example, the chat header) are prefilled with each shared
 prefix computed once (`prefix_sharing`); otherwise they are left-padded per batch. Per-token logprobs (under
-logits / temperature, the trainer's definition) are computed on request by one no-grad teacher-forced forward
-(`response_logprobs`, also the reference the vLLM engines' logprobs are tested against), because transformers'
-`output_logits` would keep a [batch, vocab] tensor per generated token. While decoding, the active LoRA adapters
-are folded into float32 base weights (`folded_lora`); logprobs are computed unfolded.
+logits / temperature, cut to the top-p nucleus the rows were sampled from: `truncation.py`) are computed on request by
+one no-grad teacher-forced forward (`response_logprobs`, also the reference the vLLM engines' logprobs are tested
+against), because transformers' `output_logits` would keep a [batch, vocab] tensor per generated token. While
+decoding, the active LoRA adapters are folded into float32 base weights (`folded_lora`); logprobs are computed
+unfolded.
 
-Seeding: each generate batch of `batch_size` rows is seeded with the seed of its first row (`rollout.row_seed` of
-`params.seed` and the global row index `params.first_row` + offset), so a data-parallel rank whose share is a whole
-number of batches samples exactly the rows one process would (transformers' sampling draws from one global RNG for
-the whole batch).
+Decoding is `rollout/decode.py`'s loop, not `transformers.generate`: rows that stop leave the batch, and row j of
+a call samples from its own generator seeded `rollout.row_seed(params.seed, params.first_row + j)`, so a row's
+sample depends on its seed and prompt only, not on `batch_size`, the rows beside it or a data-parallel split. The
+global RNG is left as it was.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from adaptercl.adapters import active_adapters
-from adaptercl.model import CACHE, build_batch, output_cache, prefill, prefix_layout, response_logits
+from adaptercl.model import build_batch, output_cache, prefill, prefix_layout, response_logits
+from adaptercl.rollout.decode import decode
 from adaptercl.rollout.folded_lora import folded_lora
 from adaptercl.rollout.protocol import Completion, SamplingParams, row_seed
+from adaptercl.rollout.truncation import sampler_logprobs
 
 
 class HFEngine:
@@ -58,47 +61,42 @@ class HFEngine:
         self.model.eval()
         expanded = [p for p in prompts for _ in range(params.n)]  # [P*n] group-contiguous
         out: list[Completion] = []
-        generator_state = torch.random.get_rng_state()
         try:
             with active_adapters(self.model, adapters):
                 with folded_lora(self.model) if self.fold_lora else contextlib.nullcontext():
                     for start in range(0, len(expanded), self.batch_size):
-                        torch.manual_seed(row_seed(params.seed, params.first_row + start))
-                        out.extend(self._generate_batch(expanded[start : start + self.batch_size], params))
+                        first = params.first_row + start
+                        seeds = [row_seed(params.seed, first + i) for i in range(self.batch_size)]
+                        out.extend(self._generate_batch(expanded[start : start + self.batch_size], params, seeds))
                 if params.logprobs:
                     pad_id = self.tokenizer.pad_token_id
+                    top_p = 1.0 if params.greedy else params.top_p  # what decode sampled from
                     for start in range(0, len(out), self.batch_size):
                         batch = out[start : start + self.batch_size]
-                        for c, lp in zip(batch, response_logprobs(self.model, batch, pad_id, params.temperature)):
+                        logprobs = response_logprobs(self.model, batch, pad_id, params.temperature, top_p)
+                        for c, lp in zip(batch, logprobs):
                             c.logprobs = lp
         finally:
-            torch.random.set_rng_state(generator_state)
             self.model.train(was_training)
         return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams) -> list[Completion]:
+    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[Completion]:
         device = next(self.model.parameters()).device
-        pad_id = self.tokenizer.pad_token_id
-        input_ids, attention, cache = _prompt_inputs(self.model, prompts, pad_id, device)  # [B, W], [B, W]
-        width = input_ids.shape[1]
-        sampling = (
-            {"do_sample": False}
-            if params.greedy
-            else {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": 0}
-        )
-        sequences = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention,
+        input_ids, attention, cache = _prompt_inputs(self.model, prompts, self.tokenizer.pad_token_id, device)
+        responses = decode(
+            self.model,
+            input_ids,  # [B, W]
+            attention,  # [B, W]
+            cache,
             max_new_tokens=params.max_new_tokens,
-            eos_token_id=self.stop_ids,
-            pad_token_id=pad_id,
-            repetition_penalty=1.0,  # the trainer's distribution is logits / temperature, nothing else
-            **sampling,
-            **{CACHE: cache},
-        ).cpu()  # [B, P + R]
+            stop_ids=self.stop_ids,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            greedy=params.greedy,
+            row_seeds=seeds[: len(prompts)],
+        )
         completions = []
-        for i, p in enumerate(prompts):
-            response = sequences[i, width:].tolist()
+        for p, response in zip(prompts, responses):
             stop_at = next((j for j, t in enumerate(response) if t in self.stop_ids), None)
             tokens = response if stop_at is None else response[: stop_at + 1]
             completions.append(
@@ -114,13 +112,15 @@ class HFEngine:
 
 @torch.no_grad()
 def response_logprobs(
-    model: torch.nn.Module, completions: list[Completion], pad_id: int, temperature: float
+    model: torch.nn.Module, completions: list[Completion], pad_id: int, temperature: float, top_p: float = 1.0
 ) -> list[list[float]]:
-    """Per-token logprobs of each completion's tokens under logits / temperature (teacher-forced, no grad)."""
+    """Per-token logprobs of each completion's tokens as `generate` sampled them (teacher-forced, no grad): under
+    logits / temperature, cut to the top_p nucleus and renormalised (`truncation.sampler_logprobs`; vLLM's
+    `processed_logprobs`). At top_p 1 that is the full softmax, the trainer's definition."""
     batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], pad_id)
     batch = batch.to(next(model.parameters()).device)
     logits = response_logits(model, batch, temperature=temperature)  # [N, R, V]
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # [N, R]
+    logp = sampler_logprobs(logits, batch.response_ids, top_p)  # [N, R]
     return [logp[i, : len(c.token_ids)].tolist() for i, c in enumerate(completions)]
 
 
@@ -131,7 +131,7 @@ def _prompt_inputs(
 
     When rows share prompt prefixes (a group's n samples, a few-shot example, the chat header) and that computes
     fewer tokens, the prompts are laid out by `prefix_sharing` (each row's own tokens after a masked gap) and every
-    prompt token but the last is prefilled, each prefix once; `generate` then decodes from that cache, and the
+    prompt token but the last is prefilled, each prefix once; `decode` then continues from that cache, and the
     mask's holes give every row its own positions. Otherwise: left-padded prompts, no cache.
     """
     layout = prefix_layout(prompts, -1, pad_id, device)

@@ -27,19 +27,22 @@ The 4-bit base (docs/design.md §6):
 - An unquantised trainer base is served as is, in the trainer's compute dtype.
 
 Logprobs: `SamplingParams.logprobs` returns each sampled token's logprob under logits / temperature
-(`logprobs_mode="processed_logprobs"`), the trainer's definition. Two departures, both outside the defaults:
-with `top_p < 1` they are the nucleus-renormalised sampling probabilities (the true behaviour policy), and
-greedy logprobs are at temperature 1. Each sampled row is its own request (n = 1) seeded `row_seed(params.seed,
-params.first_row + i*n + j)` for sample j of prompt i (the global row index: the same rows under N data-parallel
-ranks as in one process, and no seed shared with another step's row; one request of n samples would give sample j
-the request's seed + j, vLLM's parallel sampling). vLLM fans an n-sample request out into n requests anyway, and its
-prefix cache shares their prompt the same way.
+(`logprobs_mode="processed_logprobs"`), the trainer's definition; with `top_p < 1` under the nucleus it sampled
+from, renormalised (the true behaviour policy), which the trainer puts on its own support before comparing
+(`truncation.py`, `train/step.py`); greedy logprobs are at temperature 1. Each sampled row is its own request
+(n = 1) seeded `row_seed(params.seed, params.first_row + i*n + j)` for sample j of prompt i (the global row index:
+the same rows under N data-parallel ranks as in one process, and no seed shared with another step's row; one request
+of n samples would give sample j the request's seed + j, vLLM's parallel sampling). vLLM fans an n-sample request out
+into n requests anyway, and its prefix cache shares their prompt the same way.
 
 Engine settings come from the recipe's rollout block (the same in every stage): `gpu_memory_utilization` (auto:
 the memory plan's share of this card, `vllm_memory.vllm_utilization`),
 `enable_sleep_mode`, `max_loras` (GPU adapter slots; each request carries one combined adapter, so 2 cover the
 policy plus one other combination), `max_lora_rank` (default: the largest combined rank the recipe can need,
-rounded up to a rank vLLM accepts), `max_model_len`, `tensor_parallel_size` (GPUs the base is sharded over). Under N
+rounded up to a rank vLLM accepts; a set value below it is one line, `vllm_settings.served_lora_rank`),
+`max_model_len`, `tensor_parallel_size` (GPUs the base is sharded over). Before vLLM loads on CUDA, its claim is
+checked against the card's free memory and what it must hold (`vllm_memory.check_claim`: one line naming
+`gpu_memory_utilization` or `max_loras`); the run guards every call of the engine (`fallback.py`). Under N
 data-parallel ranks each rank builds its own engine joined to the training world (`colocate.py`, TRL's colocate
 mode: external launcher, tensor-parallel groups of `tensor_parallel_size` ranks). On CPU the KV cache is
 `VLLM_CPU_KVCACHE_SPACE` GiB when set, else 1 GiB. `VLLM_ENABLE_V1_MULTIPROCESSING` defaults to 0 (the engine core
@@ -59,20 +62,20 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from adaptercl.adapters import max_served_rank
-from adaptercl.model import card_gib, servable_base_path, shape_from_config
+from adaptercl.model import GIB, servable_base_path, shape_from_config
 from adaptercl.recipe import RecipeConfig, RecipeError
 from adaptercl.rollout.adapter_versions import AdapterVersions, Served
 from adaptercl.rollout.colocate import launcher_kwargs, tensor_parallel_group
 from adaptercl.rollout.hf import stop_token_ids  # the same stop tokens as the hf engine
 from adaptercl.rollout.protocol import Completion, SamplingParams, row_requests
-from adaptercl.rollout.vllm_memory import vllm_utilization
+from adaptercl.rollout.vllm_memory import check_claim, vllm_utilization
 from adaptercl.rollout.vllm_settings import (
     BNB_PLUGIN_HINT,
     CPU_KV_CACHE_BYTES,
     bitsandbytes_provider,
     default_max_model_len,
     require_vllm,
+    served_lora_rank,
     vllm_lora_rank,
 )
 from adaptercl.system import distributed
@@ -145,13 +148,13 @@ class VLLMEngine:
         }
         if quantization is not None:
             kwargs["quantization"] = quantization
-        self.sleep_supported = False
-        if on_cuda:
-            from vllm.platforms import current_platform
+        from vllm.platforms import current_platform
 
+        self.sleep_supported = enable_sleep_mode and current_platform.is_sleep_mode_available()  # CUDA, ROCm, XPU
+        if self.sleep_supported:
+            kwargs["enable_sleep_mode"] = True
+        if on_cuda:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-            self.sleep_supported = enable_sleep_mode and current_platform.is_sleep_mode_available()
-            kwargs["enable_sleep_mode"] = self.sleep_supported
         else:
             kwargs["enforce_eager"] = True  # LoRA disables compilation on CPU anyway
             if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
@@ -212,10 +215,14 @@ class VLLMEngine:
             quantization = "bitsandbytes"
         max_loras = rollout.max_loras or 2
         utilization = rollout.gpu_memory_utilization
-        card = card_gib(torch.device("cuda", torch.cuda.current_device())) if torch.cuda.is_available() else None
-        if utilization == "auto":  # the plan's share on this card (unused without CUDA)
+        memory = card_memory()
+        card = None if memory is None else memory[0]
+        if card is not None:  # the plan's share on this card for auto (unused without CUDA); a claim vLLM would refuse
             shape = shape_from_config(base.model.config.to_dict(), f"{base.path}/config.json")
-            utilization = vllm_utilization(shape, recipe, card) if card is not None else 0.3
+            utilization = vllm_utilization(shape, recipe, card) if utilization == "auto" else utilization
+            check_claim(shape, recipe, utilization, *memory)
+        elif utilization == "auto":
+            utilization = 0.3
         engine = cls(
             model,
             base.tokenizer,
@@ -225,7 +232,7 @@ class VLLMEngine:
             quantization=quantization,
             max_loras=max_loras,
             max_cpu_loras=max(max_loras, len(recipe.stages) + 2),
-            max_lora_rank=rollout.max_lora_rank or max_served_rank(recipe),
+            max_lora_rank=served_lora_rank(recipe),
             gpu_memory_utilization=utilization,
             enable_sleep_mode=rollout.enable_sleep_mode,
             max_model_len=rollout.max_model_len,
@@ -339,6 +346,14 @@ class VLLMEngine:
         import gc
 
         gc.collect()
+
+
+def card_memory() -> tuple[float, float] | None:
+    """(total, free) GiB of this rank's CUDA device as vLLM will find it, or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    free, total = torch.cuda.mem_get_info(torch.cuda.current_device())
+    return total / GIB, free / GIB
 
 
 def _compute_dtype(model: torch.nn.Module) -> torch.dtype:

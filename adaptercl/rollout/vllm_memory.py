@@ -2,6 +2,7 @@
 
     vllm_utilization(shape, recipe, card_gib=24)   # rollout.gpu_memory_utilization, `auto` made a number
     step_companions(shape, recipe, card_gib=24)    # what stays on the card beside the training step
+    check_claim(shape, recipe, 0.42, card_gib=24, free_gib=17)   # before vLLM starts: one line naming a setting
 
 Awake, vLLM claims gpu_memory_utilization x the card, which should hold its NF4 weights (`VLLM_NF4_BITS`: float32
 block scales, unlike the trainer's copy), max_loras x max_lora_rank
@@ -15,10 +16,9 @@ from __future__ import annotations
 
 import math
 
-from adaptercl.adapters import max_served_rank
 from adaptercl.model import GIB, Shape, base_bytes, gib, kv_bytes, lora_params
-from adaptercl.recipe import ENGINES, RecipeConfig, StageConfig
-from adaptercl.rollout.vllm_settings import vllm_lora_rank
+from adaptercl.recipe import ENGINES, RecipeConfig, RecipeError, StageConfig
+from adaptercl.rollout.vllm_settings import served_lora_rank
 
 VLLM_RUNTIME_GIB = 1.5  # vLLM's profiled activations, sampler and CUDA graphs at its defaults (assumption)
 # vLLM's NF4 linears keep one float32 scale per 64-weight block: it quantises with double quantisation and undoes
@@ -42,8 +42,7 @@ def vllm_need_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, prom
     """What the vLLM engine should hold inside its claim: its own NF4 weights, the LoRA slots, its runtime, and the
     KV cache of a whole step's rollouts at once (prompts_per_step x group_size sequences at the cap)."""
     r = stage.rollout
-    rank = vllm_lora_rank(r.max_lora_rank or max_served_rank(recipe), "rollout.max_lora_rank")
-    slots = (r.max_loras or 2) * lora_params(shape, stage, rank)
+    slots = (r.max_loras or 2) * lora_params(shape, stage, served_lora_rank(recipe))
     sequences = stage.optim.prompts_per_step * r.group_size
     return {
         "weights": base_bytes(shape, recipe.quantization, nf4_bits=VLLM_NF4_BITS),
@@ -72,3 +71,36 @@ def step_companions(shape: Shape, recipe: RecipeConfig, card_gib: float) -> dict
     if rollout.enable_sleep_mode:
         return {"vllm_asleep": VLLM_ASLEEP_GIB * GIB}
     return {"vllm_awake": vllm_utilization(shape, recipe, card_gib) * card_gib * GIB}
+
+
+def check_claim(shape: Shape, recipe: RecipeConfig, utilization: float, card_gib: float, free_gib: float) -> None:
+    """Before vLLM starts on a card of `card_gib` with `free_gib` free (the trainer's model loaded): a claim of
+    `utilization` x the card that vLLM would refuse, or that cannot hold its weights, LoRA slots and runtime with room
+    for one sequence's KV cache, is one RecipeError line naming the setting to change."""
+    rollout, claim = recipe.stages[0].rollout, utilization * card_gib  # one engine: the same in every stage
+    if claim > free_gib:  # vLLM refuses to start ("Free memory on device ... is less than desired")
+        raise RecipeError(
+            f"rollout.gpu_memory_utilization: {utilization:g} of the {card_gib:.1f} GiB card is {claim:.1f} GiB, "
+            f"but {free_gib:.1f} GiB is free beside the trainer; set it to at most "
+            f"{math.floor(100 * free_gib / card_gib) / 100:g} (or lower the trainer's memory)"
+        )
+    terms = [vllm_need_terms(shape, recipe, s, PROMPT_TOKENS) for s in recipe.stages]
+    fixed = max(t["weights"] + t["runtime"] for t in terms) / GIB  # GiB
+    slots = max(t["lora_slots"] for t in terms) / GIB
+    sequence = max(kv_bytes(shape, PROMPT_TOKENS + s.rollout.max_new_tokens) for s in recipe.stages) / GIB
+    if claim >= fixed + slots + sequence:
+        return
+    if claim >= fixed + sequence:  # the LoRA slots are what does not fit
+        raise RecipeError(
+            f"rollout.max_loras: {rollout.max_loras or 2} LoRA slots at rank {served_lora_rank(recipe)} take "
+            f"{slots:.2f} GiB, more than the {claim - fixed - sequence:.2f} GiB vLLM's claim leaves beside its "
+            "weights, runtime and one sequence; lower it (each request serves one combined adapter: 1 slot serves "
+            "a stage) or raise rollout.gpu_memory_utilization"
+        )
+    least = math.ceil(100 * (fixed + slots + sequence) / card_gib) / 100
+    raise RecipeError(
+        f"rollout.gpu_memory_utilization: {utilization:g} of the {card_gib:.1f} GiB card ({claim:.1f} GiB) cannot "
+        f"hold vLLM's weights and runtime ({fixed:.1f} GiB), LoRA slots ({slots:.2f} GiB) and one "
+        f"{PROMPT_TOKENS}-token prompt's rollout; set it to at least {least:g}, or auto (the plan's share for a whole "
+        "step's rollouts)"
+    )

@@ -1,17 +1,18 @@
 """vLLM settings shared by the rollout engine (`adaptercl.rollout.vllm`) and `adaptercl serve`, without torch.
 
 `adaptercl serve --print-command` imports only this, not the rollout engine (which loads torch and transformers,
-~10 s): the LoRA ranks vLLM accepts, the CPU KV cache and the default context length; and `recipe validate` checks
-with `require_vllm` that vLLM is installed when a recipe asks for it.
+~10 s): the LoRA ranks vLLM accepts (`served_lora_rank`: the rank the recipe's adapters need, checked against a set
+`rollout.max_lora_rank`), the CPU KV cache and the default context length; and `recipe validate` checks with
+`require_vllm` that vLLM is installed when a recipe asks for it.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
-from adaptercl.recipe import RecipeError
+from adaptercl.model import read_model_config
+from adaptercl.recipe import RecipeConfig, RecipeError
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vllm.config.lora.MaxLoRARanks (0.27 and 0.32)
 CPU_KV_CACHE_BYTES = 1 << 30  # without CUDA, unless VLLM_CPU_KVCACHE_SPACE is set
@@ -42,12 +43,31 @@ def vllm_lora_rank(rank: int, field: str) -> int:
     )
 
 
+def served_lora_rank(recipe: RecipeConfig) -> int:
+    """The `max_lora_rank` the run's vLLM engine gets: `rollout.max_lora_rank`, default the largest combined adapter
+    the recipe serves (`adapters.max_served_rank`: the ranks stacked under a stage's policy or teacher add up),
+    rounded up to a rank vLLM accepts. A set value below that need is one RecipeError line (vLLM would refuse the
+    first adapter above it, after the base loaded)."""
+    from adaptercl.adapters import max_served_rank
+
+    need, setting = max_served_rank(recipe), recipe.stages[0].rollout.max_lora_rank  # one engine: every stage's
+    rank = vllm_lora_rank(setting or need, "rollout.max_lora_rank")
+    if rank < need:
+        shown = f"{setting}" if setting == rank else f"{setting} (vLLM's rank {rank})"
+        raise RecipeError(
+            f"rollout.max_lora_rank: {shown} is below rank {need}, the largest adapter this "
+            "recipe serves (the ranks of the adapters stacked under a stage's policy or its teacher add up); set it "
+            f"to {vllm_lora_rank(need, 'rollout.max_lora_rank')} or leave it unset (default: what the recipe serves)"
+        )
+    return rank
+
+
 def default_max_model_len(path: str) -> int | None:
     """The model's own context, capped at DEFAULT_MAX_MODEL_LEN (None: let vLLM read it)."""
     config = Path(path) / "config.json"
     if not config.is_file():
         return None
-    limit = json.loads(config.read_text()).get("max_position_embeddings")
+    limit = read_model_config(config).get("max_position_embeddings")
     return min(limit, DEFAULT_MAX_MODEL_LEN) if isinstance(limit, int) else None
 
 

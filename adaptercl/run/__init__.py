@@ -1,7 +1,8 @@
 """The continual run over a recipe's stages, top to bottom (`sequence.py`: `run_recipe`, `RunResult`), what a recipe
 names that must be on this machine before a model loads (`preflight_checks.py`: `preflight`), evaluation without
-training (`eval_only.py`: `adaptercl eval`) and the per-stage diagnostics (`diagnostics.py`: teacher lift, forward KL
-from the previous stage's policy).
+training (`eval_only.py`: `adaptercl eval`), the per-stage diagnostics (`diagnostics.py`: teacher lift, forward KL
+from the previous stage's policy) and the rehearsal, the run for a few minutes measured (`rehearsal.py`: `adaptercl
+recipe rehearse`, with `phase_meter.py` and `rehearsal_figures.py`).
 """
 
 from importlib import import_module
@@ -14,6 +15,7 @@ _EXPORTS = {
     "format_summary": "eval_only",
     "decision_lines": "preflight_checks",
     "preflight": "preflight_checks",
+    "rehearse": "rehearsal",
     "RunResult": "sequence",
     "run_recipe": "sequence",
 }

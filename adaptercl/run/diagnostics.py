@@ -2,21 +2,27 @@
 
 Teacher lift (`teacher_lift`, at the start of a stage whose method has a self-teacher; `eval.teacher_lift_prompts`
 > 0): does the teacher, shown its context, answer better than the student? SDPO's premise holds only where it does.
-On a seeded sample of the stage domain's *train* prompts (never its eval set, which the accuracy matrix reports):
+On the stage domain's *train* prompts (never its eval set, which the accuracy matrix reports) in a seeded order, the
+first `eval.teacher_lift_prompts` that some rollout could give a context (`teacher.may_get_context`, known from the
+method's builder alone: e.g. an SDFT example without a demonstration is passed over without a rollout;
+`prompts_tried` counts both):
 1. the student samples its group as a rollout of the stage would (`rollout.group_size`, temperature, top_p; a
    seeded draw of its own) and the domain's reward scores it;
 2. the method's own builder (`teacher.prompts.TEACHER_PROMPTS[method]`) turns each sample into its teacher prompt
    (a successful sibling, the example's demonstration, and/or the reward's feedback), exactly as a training step;
 3. the teacher at stage start answers every teacher prompt that got a context greedily, and the student answers
-   each plain prompt greedily (`eval.max_new_tokens`); the domain's reward marks both.
-Per prompt with at least one context: t_p = the teacher's accuracy over that prompt's contexts, s_p = the student's
-greedy correctness. lift = mean_p (t_p − s_p) = teacher accuracy − student accuracy over those n prompts, with a
-paired percentile-bootstrap 95 % interval over prompts (`measure.stats.paired_bootstrap_interval`). `by_context`
-repeats it per kind of context shown (sibling / demonstration / feedback, "+"-joined when several). Read with care: a
-sibling context shows an answer that already solved the prompt, so there the lift measures in-context copying;
-and only prompts whose context exists count (for SDPO, prompts the student sometimes solves). The teacher at stage
-start is the student itself for stage_start, ema (at rank >= lora.r), lag and trust_region, and the base for
-`base`. Written to the stage's `teacher_lift.json` before the first step; a resumed stage keeps the file.
+   the plain prompts that got one greedily (`eval.max_new_tokens`); the domain's reward marks both.
+It stops where the answer is known: no prompt that could get a context, nothing is generated; no context after the
+rollout, no greedy answer (n = 0 costs the rollout alone).
+Steps 2 and 3 are `train.paired_answers`, the measurement the lift gate (`distill.gate`, `train/lift_gate.py`) makes
+inside a stage too. Per prompt with at least one context: t_p = the teacher's accuracy over that prompt's contexts,
+s_p = the student's greedy correctness. lift = mean_p (t_p − s_p) = teacher accuracy − student accuracy over those n
+prompts, with a paired percentile-bootstrap 95 % interval over prompts (`measure.stats.paired_bootstrap_interval`).
+`by_context` repeats it per kind of context shown (sibling / demonstration / feedback, "+"-joined when several). Read
+with care: a sibling context shows an answer that already solved the prompt, so there the lift measures in-context
+copying; and only prompts whose context exists count (for SDPO, prompts the student sometimes solves). The teacher
+at stage start is the student itself for stage_start, ema (at rank >= lora.r), lag and trust_region, and the base
+for `base`. Written to the stage's `teacher_lift.json` before the first step; a resumed stage keeps the file.
 
 KL from the previous policy (`stage_kl`, after each stage; `eval.stage_kl_prompts` > 0; drift.json `stage_kl`):
 RL's Razor (Shenfeld et al. 2025) finds that forgetting follows the forward KL E_{x~τ}[KL(π_0 ‖ π)] from the
@@ -39,45 +45,32 @@ bit-identical adapters to one with it off (tests/run/test_diagnostics.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from adaptercl.domains import Domain, Example, is_success
-from adaptercl.measure import ROWS_PER_FORWARD, divergence_sums, paired_bootstrap_interval, token_scores
+from adaptercl.domains import Domain, Example
+from adaptercl.measure import ROWS_PER_FORWARD, divergence_sums, token_scores
 from adaptercl.model import build_batch, encode_chat
+from adaptercl.recipe import StageConfig
 from adaptercl.rollout import RolloutEngine, SamplingParams
-from adaptercl.teacher import TEACHER_PROMPTS, Teacher, TeacherPrompts
-from adaptercl.train import StageContext, rollout_sampling, step_seed
+from adaptercl.teacher import TEACHER_PROMPTS, may_get_context
+from adaptercl.train import (  # the lift's measurement and helpers live in train/lift.py, shared with the lift gate
+    StageContext,
+    isolated,
+    lift_summary,
+    paired_answers,
+    rollout_sampling,
+    seeded_sample,
+    step_seed,
+)
 
 # step_seed offsets of the diagnostics' own draws (the stage's: 1_000_000 data order, 2_000_000 distillation mask,
 # 3_000_000 replay); distinct, so no diagnostic reuses a training draw.
 LIFT_PROMPTS_SEED = 4_000_000
 LIFT_ROLLOUT_SEED = 4_000_001
 STAGE_KL_SEED = 5_000_000
-
-T = TypeVar("T")
-
-
-@contextmanager
-def isolated(model: torch.nn.Module) -> Iterator[None]:
-    """Run a measurement without touching training: global RNGs forked (CPU and CUDA), eval mode, mode restored."""
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    was_training = model.training
-    with torch.random.fork_rng(devices=devices):
-        model.eval()
-        try:
-            yield
-        finally:
-            model.train(was_training)
-
-
-def seeded_sample(items: Sequence[T], count: int, seed: int) -> list[T]:
-    """`count` distinct items (all when there are fewer), in a seeded random order; the global RNG is untouched."""
-    order = torch.randperm(len(items), generator=torch.Generator().manual_seed(seed))[:count].tolist()
-    return [items[i] for i in order]
 
 
 def teacher_lift(ctx: StageContext, num_prompts: int, max_new_tokens: int) -> dict[str, Any]:
@@ -86,7 +79,18 @@ def teacher_lift(ctx: StageContext, num_prompts: int, max_new_tokens: int) -> di
     if teacher is None:
         raise ValueError(f"teacher lift needs the stage's teacher: a {stage.method} stage has none")
     group = stage.rollout.group_size
-    examples = seeded_sample(domain.train, num_prompts, step_seed(ctx.recipe.seed, ctx.index, LIFT_PROMPTS_SEED))
+    order = seeded_sample(domain.train, len(domain.train), step_seed(ctx.recipe.seed, ctx.index, LIFT_PROMPTS_SEED))
+    examples, tried = lift_prompts(order, num_prompts, stage)
+    record = {
+        "method": stage.method,
+        "teacher_kind": teacher.kind,
+        "prompts": len(examples),  # train prompts rolled out; `n` of them had a context
+        "prompts_tried": tried,  # train prompts looked at: those rolled out and those no rollout could give a context
+        "group_size": group,
+        "interval": "paired percentile bootstrap over prompts, 10000 resamples, 95 %",
+    }
+    if not examples:  # no train prompt could get a context: nothing to generate
+        return {**record, "context_frac": 0.0, "rollout_correct_frac": None, **lift_summary([], [], [], [])}
     prompt_ids = [encode_chat(tok, ex.messages) for ex in examples]
     samples = [ex for ex in examples for _ in range(group)]  # [N] group-contiguous, N = prompts x G
     greedy = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
@@ -94,103 +98,34 @@ def teacher_lift(ctx: StageContext, num_prompts: int, max_new_tokens: int) -> di
     with isolated(ctx.model):
         completions = [c for g in ctx.engine.generate(prompt_ids, ctx.policy_adapters, rollout) for c in g]  # [N]
         results = domain.score([c.text for c in completions], [c.token_ids for c in completions], samples)
-        shown = TEACHER_PROMPTS[stage.method](
-            [ex.messages for ex in samples],
-            [c.text for c in completions],
-            [is_success(r, stage.distill.success_threshold) for r in results],
-            [r.feedback for r in results],
-            [ex.demonstration for ex in samples],
-            group,
-            stage.distill,
-            stage.hybrid,
-        )
-        student = greedy_correct(ctx.engine, domain, examples, prompt_ids, ctx.policy_adapters, greedy)  # [P]
-        with_context = [i for i, has in enumerate(shown.has_target) if has]
-        teacher_prompts = [encode_chat(tok, shown.messages[i]) for i in with_context]
-        with_context_examples = [samples[i] for i in with_context]
-        teacher_correct = greedy_correct(
-            ctx.engine, domain, with_context_examples, teacher_prompts, teacher_adapters(teacher), greedy
-        )
-    summary = lift_summary(
-        [i // group for i in with_context], [context_kind(shown, i) for i in with_context], teacher_correct, student
-    )
+        pairs = paired_answers(ctx, examples, completions, results, greedy, every_prompt=False)  # where a context is
     return {
-        "method": stage.method,
-        "teacher_kind": teacher.kind,
-        "prompts": len(examples),  # sampled train prompts; `n` of them had a context
-        "group_size": group,
-        "context_frac": len(with_context) / max(1, len(samples)),  # samples given a teacher context
-        "rollout_correct_frac": sum(r.correct for r in results) / max(1, len(results)),
-        "student_accuracy_all": sum(student) / max(1, len(student)),  # greedy, over every sampled prompt
-        "interval": "paired percentile bootstrap over prompts, 10000 resamples, 95 %",
-        **summary,
+        **record,
+        "context_frac": pairs.context_frac,  # samples given a teacher context
+        "rollout_correct_frac": pairs.rollout_correct_frac,
+        **lift_summary(pairs.prompt_of, pairs.kinds, pairs.teacher_correct, pairs.student_correct),
     }
 
 
-def teacher_adapters(teacher: Teacher) -> list[str] | None:
-    """The adapters that decode as the teacher at stage start (None: the base). A trust-region teacher mixes its
-    stage-start copy with the student, which are equal at stage start, so its copy alone is that teacher."""
-    return None if teacher.adapter is None else [*teacher.frozen, teacher.adapter]
-
-
-def context_kind(shown: TeacherPrompts, i: int) -> str:
-    """What sample i's teacher prompt shows: sibling, demonstration and/or feedback, "+"-joined."""
-    parts = (
-        ("sibling", shown.used_solution[i]),
-        ("demonstration", shown.used_demonstration[i]),
-        ("feedback", shown.used_feedback[i]),
-    )
-    return "+".join(name for name, used in parts if used) or "none"
-
-
-def greedy_correct(
-    engine: RolloutEngine,
-    domain: Domain,
-    examples: list[Example],
-    prompt_ids: list[list[int]],
-    adapters: list[str] | None,
-    params: SamplingParams,
-) -> list[bool]:
-    """Whether the greedy answer to each prompt is correct by the domain's reward; identical prompts decode once."""
-    unique = list(dict.fromkeys(tuple(p) for p in prompt_ids))
-    if not unique:
-        return []
-    answers = engine.generate([list(p) for p in unique], adapters, params)
-    answer_of = {p: g[0] for p, g in zip(unique, answers)}
-    chosen = [answer_of[tuple(p)] for p in prompt_ids]
-    return [bool(r.correct) for r in domain.score([c.text for c in chosen], [c.token_ids for c in chosen], examples)]
-
-
-def lift_summary(
-    prompt_of: list[int], kinds: list[str], teacher_correct: list[bool], student_correct: list[bool], seed: int = 0
-) -> dict[str, Any]:
-    """Teacher lift from the samples that had a context (pure; see the module docstring).
-
-    prompt_of[i], kinds[i], teacher_correct[i]: sample i's prompt index, context kind and whether the teacher's
-    greedy answer to its teacher prompt was correct; student_correct[p]: the student's greedy answer to prompt p.
-    Returns n (prompts), teacher_accuracy, student_accuracy, lift, lift_ci95 ([lo, hi]) and by_context (the same
-    per context kind); accuracies are None where n = 0.
-    """
-
-    def summarise(rows: list[int]) -> dict[str, Any]:
-        per_prompt: dict[int, list[bool]] = {}
-        for i in rows:
-            per_prompt.setdefault(prompt_of[i], []).append(teacher_correct[i])
-        t = [sum(v) / len(v) for v in per_prompt.values()]  # [n] teacher accuracy per prompt
-        s = [float(student_correct[p]) for p in per_prompt]  # [n]
-        interval = paired_bootstrap_interval([a - b for a, b in zip(t, s)], seed=seed)
-        n = len(t)
-        return {
-            "n": n,
-            "teacher_accuracy": sum(t) / n if n else None,
-            "student_accuracy": sum(s) / n if n else None,
-            "lift": (sum(t) - sum(s)) / n if n else None,
-            "lift_ci95": None if interval is None else list(interval),
-        }
-
-    rows = list(range(len(prompt_of)))
-    by_context = {kind: summarise([i for i in rows if kinds[i] == kind]) for kind in sorted(set(kinds))}
-    return {**summarise(rows), "by_context": by_context}
+def lift_prompts(order: list[Example], count: int, stage: StageConfig) -> tuple[list[Example], int]:
+    """The first `count` prompts of `order` that some rollout could give a teacher context (`may_get_context`), and how
+    many of `order` were looked at to find them; the others are passed over without a rollout."""
+    chosen: list[Example] = []
+    for start in range(0, len(order), count):
+        chunk = order[start : start + count]
+        possible = may_get_context(
+            TEACHER_PROMPTS[stage.method],
+            [ex.messages for ex in chunk],
+            [ex.demonstration for ex in chunk],
+            stage.rollout.group_size,
+            stage.distill,
+            stage.hybrid,
+        )
+        for i, (example, ok) in enumerate(zip(chunk, possible)):
+            chosen += [example] if ok else []
+            if len(chosen) == count:
+                return chosen, start + i + 1
+    return chosen, len(order)
 
 
 @torch.no_grad()

@@ -22,7 +22,6 @@ non-empty OUT is refused.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,11 +35,12 @@ from adaptercl.model import load_base
 from adaptercl.recipe import RecipeConfig, RecipeError
 from adaptercl.rollout import (
     Engines,  # the run's engine choice (hf, or one vLLM engine)
+    falls_back,
     resolve_engine,
 )
 from adaptercl.run.preflight_checks import preflight
 from adaptercl.run_dir import BEFORE_DIR, SUMMARY_FILE, StageDir, open_finished_run
-from adaptercl.system import atomic_dir, write_json
+from adaptercl.system import atomic_dir, read_record, write_json
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -104,13 +104,14 @@ def _evaluate(
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RecipeError(f"eval: --out {str(out)!r} exists and is not empty; choose a new folder")
+    on_switch = (lambda record: None) if falls_back(recipe) else None  # auto: a failing vLLM goes on as hf, said
     recipe, choice = resolve_engine(recipe)  # rollout.engine auto: hf or vllm, said first
     preflight(recipe)
     if choice.decided:  # as run_recipe: said only when auto decided it
         notify("rollout_engine", engine=choice.engine, reason=choice.reason)
     torch.manual_seed(recipe.seed)  # as run_recipe before it loads the domains
     domains = [load_domain(d, recipe.seed, recipe.eval.examples_per_domain) for d in recipe.domains]
-    engines = Engines(recipe, notify)
+    engines = Engines(recipe, notify, on_switch)
     notify("load", model=recipe.model.name)
     base = load_base(recipe.model, recipe.quantization)
     notify("model", description=base.description)
@@ -170,7 +171,7 @@ def _short(value: Any) -> str:
 
 def format_summary(out: str | Path) -> str:
     """The accuracy matrix OUT/summary.json holds, as aligned text (what `adaptercl eval` prints)."""
-    summary = json.loads((Path(out) / SUMMARY_FILE).read_text())
+    summary = read_record(Path(out) / SUMMARY_FILE, f"delete the folder {out} and evaluate again")
     width = max(len(label) for label in summary["models"])
     lines = [f"{'':{width}}  " + "  ".join(f"{d:>8}" for d in summary["domains"])]
     for label, row in zip(summary["models"], summary["accuracy"]):

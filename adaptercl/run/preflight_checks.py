@@ -2,13 +2,15 @@
 checks what a recipe says; this checks it against this machine, each problem one `RecipeError` line naming the field:
 
 - `output_dir` (or a folder above it) is not a file;
-- `model.name` spelled as a local path (`/`, `.`, `~`, `.gguf`) exists;
+- `model.name` spelled as a local path (`/`, `.`, `~`, `.gguf`) exists, and a local folder's config.json parses;
 - every stage's `lora.layers` names layers the base has, where its config tells without a weight or a download
   (`model.lora_layers.check_lora_layers`: built-in aliases, local folders, GGUF metadata, the local hub cache);
 - every domain: its builtin name, its reward (a user `pkg.module:function` is imported; every `reward_funcs` entry
   too, its signature checked as native or TRL-style), its local source file or
   folder with the split files, and its local `eval_file` exist (`domains.loading.check_domain`; URL and hub
   sources are not fetched here);
+- a set `rollout.max_lora_rank` holds the largest combined adapter the recipe serves (`rollout.served_lora_rank`;
+  whatever the engine: `auto` may pick vLLM elsewhere);
 - `rollout.engine: vllm` has vLLM installed (`vllm_server` needs none here; `auto` needs none: the callers resolve
   it first, `rollout.engine_choice.resolve_engine`, and it falls back to transformers);
 - `rollout.engine: vllm_server` (with `contact_server`, as the run and `adaptercl eval` call it): the server at
@@ -31,9 +33,9 @@ from pathlib import Path
 
 from adaptercl.domains import BUILTINS, FORMATS, check_domain, load_trl_rewards
 from adaptercl.measure import require_trackers
-from adaptercl.model import check_lora_layers
+from adaptercl.model import check_lora_layers, read_model_config
 from adaptercl.recipe import ENGINES, METHODS, DomainConfig, RecipeConfig, RecipeError, RolloutServerConfig
-from adaptercl.rollout import require_vllm
+from adaptercl.rollout import require_vllm, served_lora_rank
 from adaptercl.system import distributed
 
 
@@ -46,6 +48,8 @@ def preflight(recipe: RecipeConfig, contact_server: bool = True) -> None:
     for domain in recipe.domains:
         check_domain(domain)
     engine = ENGINES.get(recipe.stages[0].rollout.engine)  # one engine serves every stage (config checks); auto: None
+    if recipe.stages[0].rollout.max_lora_rank is not None:  # set: it must hold the recipe's adapters, any engine
+        served_lora_rank(recipe)
     if engine is not None and engine.needs_local_vllm:
         require_vllm()
     if recipe.eval.lm_eval.tasks:  # lm-eval's task index: a mistyped task fails here, not after stage 1
@@ -70,9 +74,13 @@ def check_output_dir(output_dir: str) -> None:
 
 
 def check_model_path(name: str) -> None:
-    """A model spelled as a local path must exist (hub ids and built-in aliases are checked when loaded)."""
-    if (name.startswith(("/", ".", "~")) or name.endswith(".gguf")) and not Path(name).expanduser().exists():
+    """A model spelled as a local path must exist (hub ids and built-in aliases are checked when loaded), and a local
+    folder's config.json must parse (`model.read_model_config`: a hub page saved in its place is named)."""
+    path = Path(name).expanduser()
+    if (name.startswith(("/", ".", "~")) or name.endswith(".gguf")) and not path.exists():
         raise RecipeError(f"model.name: local path {name!r} does not exist")
+    if (path / "config.json").is_file():
+        read_model_config(path / "config.json")
 
 
 def check_rollout_server(settings: RolloutServerConfig) -> None:

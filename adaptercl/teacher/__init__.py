@@ -14,6 +14,7 @@ _EXPORTS = {
     "create_teacher": "kinds",
     "TEACHER_PROMPTS": "prompts",
     "TeacherPrompts": "prompts",
+    "may_get_context": "prompts",
     "srpo_route_stats": "prompts",
 }
 __all__ = sorted(_EXPORTS)

@@ -61,7 +61,7 @@ from torch import Tensor
 from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state, lora_parameters, save_adapter
 from adaptercl.model import ResponseScores, TokenBatch, at_least_float32, response_scores
 from adaptercl.recipe import TeacherAutocast, TeacherConfig, TeacherKind
-from adaptercl.system import atomic_dir
+from adaptercl.system import atomic_dir, read_record
 from adaptercl.teacher.mixing import ema_lora_factors, trust_region_teacher_logits
 from adaptercl.teacher.schedule import GateState, clock_refresh, gate_step
 
@@ -237,7 +237,7 @@ def create_teacher(model: torch.nn.Module, student: str, frozen: list[str], cfg:
 def restore_teacher(model: torch.nn.Module, path: str | Path) -> Teacher:
     """Bring back a teacher written by `Teacher.save`, bit for bit; reuses its adapter if the model has it."""
     path = Path(path)
-    teacher = Teacher(**json.loads((path / STATE_FILE).read_text()))
+    teacher = Teacher(**read_record(path / STATE_FILE, f"delete the folder {path.parent} to redo the stage"))
     if teacher.adapter is not None:
         folder = path / ADAPTER_DIR
         if teacher.adapter not in model.peft_config:

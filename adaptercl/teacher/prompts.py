@@ -10,7 +10,8 @@
 - `hybrid_teacher_prompts`: the hybrid's sparse choice (`train/sparse_targets.py`).
 `TEACHER_PROMPTS` holds each self-teacher method's builder under one signature (`TeacherPromptBuilder`): the
 training step (`distill_targets`) and the teacher lift (`diagnostics`) call it; `recipe.method_table.METHODS` says
-which methods have one (`needs_teacher`), and the two are checked to agree.
+which methods have one (`needs_teacher`), and the two are checked to agree. `may_get_context` says, from a builder
+alone, which prompts no rollout can give a context (the teacher lift passes them over without rolling them out).
 - `srpo_teacher_prompts`: SRPO's routing (`srpo_routes`, docs/design.md §4a): only a sample that failed and has a
   successful sibling gets a context, SDPO's reprompt with that sibling; every other sample goes to GRPO.
 The teacher message keeps every message before the last user turn (system messages, earlier turns, as TRL
@@ -270,3 +271,29 @@ TEACHER_PROMPTS: dict[str, TeacherPromptBuilder] = {"sdpo": _sdpo, "sdft": _sdft
 assert set(TEACHER_PROMPTS) == {name for name, spec in METHODS.items() if spec.needs_teacher}, (
     "TEACHER_PROMPTS has a builder for every method of METHODS with a self-teacher, and only those"
 )
+
+
+def may_get_context(
+    build: TeacherPromptBuilder,
+    prompts: list[Messages],
+    demonstrations: list[str | None],
+    group_size: int,
+    distill: DistillConfig,
+    hybrid: HybridConfig,
+) -> list[bool]:
+    """[P] whether some rollout of prompt p's group could give one of its samples a teacher context under `build`,
+    known without rolling out: the union over three outcomes of the group, each sample with a feedback string: all
+    failed, the first succeeded and the others failed, all succeeded. A builder of `TEACHER_PROMPTS` shows a successful
+    sibling (the second outcome gives one to every sample but the first, SRPO's failures included), feedback (the
+    first, a group without a success) or the example's demonstration (any), and more feedback never takes a context
+    away: so a prompt without a context in all three gets none from any rollout (tests/teacher/test_teacher.py checks
+    every outcome of small groups). The teacher lift passes such prompts over without rolling them out."""
+    samples = [m for m in prompts for _ in range(group_size)]  # [N] group-contiguous
+    demos = [d for d in demonstrations for _ in range(group_size)]  # [N]
+    placeholder = ["..."] * len(samples)  # [N] a response, a feedback string
+    possible = [False] * len(prompts)
+    for outcome in ([False] * group_size, [True] + [False] * (group_size - 1), [True] * group_size):
+        shown = build(samples, placeholder, outcome * len(prompts), placeholder, demos, group_size, distill, hybrid)
+        for i, has in enumerate(shown.has_target):
+            possible[i // group_size] = possible[i // group_size] or has
+    return possible

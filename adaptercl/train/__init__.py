@@ -4,7 +4,9 @@ it is handed (`context.py`), the micro-batch it trains with (`micro_batch.py`) a
 the hybrid's sparse choice of tokens, `sparse_targets.py`; SRPO's routed teacher and weights, `srpo.py`), the loss
 math (`losses.py`, pure tensors) and the loss terms composed from it (`loss_terms.py`; per-token terms from chunks of
 positions, `token_terms.py`), the continual-learning regularisers (`regularizers.py`), the learning-rate schedule
-(`lr_schedule.py`), the collapse guard (`collapse_guard.py`) and mid-stage checkpoints (`checkpoint.py`).
+(`lr_schedule.py`), the collapse guard (`collapse_guard.py`), mid-stage checkpoints (`checkpoint.py`), the teacher's
+measured lift over the student (`lift.py`, shared with the run's `teacher_lift` diagnostic) and the lift gate built on
+it (`lift_gate.py`).
 """
 
 from importlib import import_module
@@ -16,6 +18,11 @@ _EXPORTS = {
     "StageContext": "context",
     "rollout_sampling": "context",
     "step_seed": "context",
+    "greedy_correct": "lift",
+    "isolated": "lift",
+    "lift_summary": "lift",
+    "paired_answers": "lift",
+    "seeded_sample": "lift",
     "choose_micro_batch": "micro_batch",
     "run_stage": "stage",
 }

@@ -11,12 +11,21 @@ while the stage saves, evaluates or measures its diagnostics resumes from it str
 
 Data order and sampling seeds are functions of (seed, stage, step), so restoring these is enough for a resumed
 stage to draw the same prompts and samples and end with the same adapters as an uninterrupted one.
+
+A checkpoint is read whole (`read_checkpoint`) before anything of it is restored (`restore_checkpoint`): a file
+that does not read (cut short, emptied, overwritten) or does not fit the stage's adapters and optimiser is a
+`DamagedCheckpoint` naming it, raised while the model, the optimiser and the RNG are still untouched, so the stage
+can start over from step 0 instead (`train.stage`; `discard_checkpoint` moves the damaged one aside, then removes it).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,25 +61,87 @@ def save_checkpoint(
         (tmp / "state.json").write_text(json.dumps({"next_step": next_step, "adapters": adapters, **(extra or {})}))
 
 
+class DamagedCheckpoint(Exception):
+    """A checkpoint that cannot be restored; the message names the file and why."""
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint's files, read into memory."""
+
+    state: dict[str, Any]  # state.json: next_step, adapters, and the stage's extra bookkeeping
+    adapters: dict[str, dict[str, torch.Tensor]]  # adapters.safetensors: adapter -> its `adapter_state`
+    optimizer: dict[str, Any]  # optimizer.pt: the optimiser's state dict
+    rng: dict[str, Any]  # rng.pt: torch (CPU, CUDA) and Python RNG states
+
+
+def read_checkpoint(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Checkpoint:
+    """Every file of the checkpoint at `path`, read whole and checked against the model's adapters and the optimiser
+    it will be restored into; a file that does not read or does not fit is a DamagedCheckpoint. Changes nothing."""
+    path = Path(path)
+    state = _read(path / "state.json", lambda p: json.loads(p.read_text()), {"next_step", "adapters"})
+    tensors = _read(path / "adapters.safetensors", lambda p: load_file(str(p)), None)
+    saved = _read(path / "optimizer.pt", lambda p: torch.load(p, weights_only=False), {"state", "param_groups"})
+    rng = _read(path / "rng.pt", lambda p: torch.load(p, weights_only=False), {"torch", "python"})
+    if not isinstance(state["adapters"], list) or not all(isinstance(n, str) for n in state["adapters"]):
+        raise DamagedCheckpoint(f"{path / 'state.json'} is not what the stage wrote (adapters)")
+    adapters = {}
+    for name in state["adapters"]:
+        prefix = f"{name}{SEPARATOR}"
+        adapters[name] = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
+        shapes = {k: v.shape for k, v in adapters[name].items()}
+        if not shapes or shapes != {k: v.shape for k, v in adapter_state(model, name).items()}:
+            raise DamagedCheckpoint(f"{path / 'adapters.safetensors'} does not hold the stage's adapter {name!r}")
+    groups, ours = saved["param_groups"], optimizer.param_groups
+    if len(groups) != len(ours) or any(len(g["params"]) != len(o["params"]) for g, o in zip(groups, ours)):
+        raise DamagedCheckpoint(f"{path / 'optimizer.pt'} does not fit the stage's optimiser")
+    return Checkpoint(state, adapters, saved, rng)
+
+
+def _read(file: Path, load: Callable[[Path], Any], keys: set[str] | None) -> Any:
+    """`load(file)`, a mapping holding `keys`; anything else is a DamagedCheckpoint naming the file."""
+    try:
+        value = load(file)
+    except Exception as err:  # each library says "damaged" its own way: SafetensorError, UnpicklingError,
+        # EOFError, RuntimeError (a zip cut short), JSONDecodeError, OSError (a file missing)
+        text = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        raise DamagedCheckpoint(f"{file} does not read ({text})") from None
+    missing = sorted(keys - set(value)) if isinstance(value, dict) and keys else []
+    if not isinstance(value, dict) or missing:
+        raise DamagedCheckpoint(f"{file} is not what the stage wrote ({', '.join(missing) or 'no mapping'})")
+    return value
+
+
+def restore_checkpoint(checkpoint: Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """Restore adapters, optimiser and RNG from a checkpoint `read_checkpoint` read and checked; return state.json
+    (with `next_step`)."""
+    for name, values in checkpoint.adapters.items():
+        load_adapter_state(model, name, values)
+    optimizer.load_state_dict(checkpoint.optimizer)
+    rng = checkpoint.rng
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return checkpoint.state
+
+
 def load_checkpoint(
     path: str | Path,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
 ) -> dict[str, Any]:
     """Restore adapters, optimiser and RNG from `path`; return state.json (with `next_step`)."""
+    return restore_checkpoint(read_checkpoint(path, model, optimizer), model, optimizer)
+
+
+def discard_checkpoint(path: str | Path) -> None:
+    """Remove a damaged checkpoint: renamed first (one atomic step) to a temp name that `system.recover_dir` deletes
+    if a kill comes before the removal, never to a parked name it would put back."""
     path = Path(path)
-    state = json.loads((path / "state.json").read_text())
-    tensors = load_file(str(path / "adapters.safetensors"))
-    for name in state["adapters"]:
-        prefix = f"{name}{SEPARATOR}"
-        load_adapter_state(model, name, {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
-    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
-    rng = torch.load(path / "rng.pt", weights_only=False)
-    torch.set_rng_state(rng["torch"])
-    random.setstate(rng["python"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return state
+    aside = path.with_name(f".{path.name}.tmp-damaged-{os.getpid()}")
+    os.replace(path, aside)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def has_checkpoint(path: str | Path) -> bool:

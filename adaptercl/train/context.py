@@ -30,6 +30,7 @@ class StageContext:
     frozen: list[str] = field(default_factory=list)  # earlier adapters active (frozen) under the student
     stage_dir: Path = Path(".")
     on_step: Any = None  # callback(step, metrics, samples) for progress display and tracking
+    on_note: Any = None  # callback(line): a line the stage has to say (a damaged checkpoint it starts over from)
     teacher: Teacher | None = None  # the self-teacher of sdpo/sdft/hybrid stages (teacher.kinds.create_teacher)
     base_weights: BaseWeights = field(default_factory=BaseWeights)  # dequantised W0 cache for drift
     previous: list[str] = field(default_factory=list)  # adapters making up the model after the previous stage

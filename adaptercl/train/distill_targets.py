@@ -67,7 +67,7 @@ def distill_targets(
         batch.response_mask, cfg.mask_ratio, cfg.skip_first_tokens, generator=generator
     )  # [N, R]
     mask = mask * torch.tensor(teacher_prompts.has_target, dtype=mask.dtype).unsqueeze(-1)
-    if spec.sparse_token_selection and stage.hybrid.distill_on == "high_entropy":
+    if spec.entropy_pass(stage.hybrid):
         micro = ctx.micro_rows(batch.input_ids.shape[0])
         entropy = rollout_entropy(ctx.model, batch, micro, stage.rollout.temperature)  # [N, R]
         mask = top_entropy_mask(entropy, mask, stage.hybrid.entropy_top_q)  # [N, R]

@@ -45,17 +45,21 @@ def policy_term(
 
     logp, logp_old [N, T]: the current and the rollout policy's log-probs of the sampled tokens (logp_old is logp
     detached on a single pass); advantages [N] or [N, T]. With `logp_rollout` [N, T] (the engine's own logprobs)
-    the clipped loss is multiplied by min(exp(logp_old − logp_rollout), is_cap) (token-level truncated IS). With
-    `kl_coef` > 0, kl_coef · k3(logp, logp_ref) is added per token. Stats: `policy_loss` (after the IS factor,
-    before the KL), `kl_base` (when on), `clip_low_frac`, `clip_high_frac` (0/1 per token).
+    the clipped loss is multiplied by min(exp(logp_old − logp_rollout), is_cap) (token-level truncated IS; under
+    top-p sampling `logp_rollout` is already on the trainer's support: `step.py`). With `kl_coef` > 0,
+    kl_coef · k3(logp, logp_ref) is added per token. Stats: `policy_loss` (after the IS factor, before the KL),
+    `rollout_is_weight` (the IS factor, with `logp_rollout`), `kl_base` (when on), `clip_low_frac`,
+    `clip_high_frac` (0/1 per token).
     """
     token_loss, clip_low, clip_high = clipped_policy_loss(
         logp, logp_old, advantages, epsilon_low, epsilon_high, dual_clip
     )  # [N, T]
+    stats = {}
     if logp_rollout is not None:
-        token_loss = token_loss * torch.exp(logp_old - logp_rollout).clamp(max=is_cap)
-    stats = {"policy_loss": token_loss.detach(), "clip_low_frac": clip_low.float()}
-    stats["clip_high_frac"] = clip_high.float()
+        mismatch = torch.exp(logp_old - logp_rollout).clamp(max=is_cap)  # [N, T]
+        token_loss = token_loss * mismatch
+        stats["rollout_is_weight"] = mismatch.detach()
+    stats.update(policy_loss=token_loss.detach(), clip_low_frac=clip_low.float(), clip_high_frac=clip_high.float())
     if kl_coef > 0:
         if logp_ref is None:
             raise ValueError("kl_coef > 0 needs logp_ref")

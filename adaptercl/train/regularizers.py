@@ -20,12 +20,19 @@ when its weight is > 0, as it needs one more forward).
   Unlike O-LoRA we do not add its L2 term on B; `l2_prev` covers that role.
 - `replay_fraction`: a share of each step's prompts comes from earlier stages' domains' train sets (uniform over
   domains, then examples, from a generator seeded by the step seed, so resume draws the same ones), scored by
-  their own domain's reward. The count is round(fraction × prompts_per_step), at least 1 and at most
-  prompts_per_step − 1 when the fraction is > 0 and there is an earlier domain.
+  their own domain's reward: on-policy replay, the replayed prompts are rolled out by the current policy and trained
+  with the stage's loss like its own. `replay_rounding` turns fraction × prompts_per_step into a count (`replay_plan`,
+  0 without an earlier domain, at most prompts_per_step − 1): `at_least_one` rounds it, at least 1;
+  `stochastic` takes its whole part and one more with probability its fractional part, drawn from the step's own seed
+  (`REPLAY_COUNT_SEED`), so a fraction below 1 / prompts_per_step replays on some steps only and the share replayed
+  is the fraction in expectation. The stage's own prompts fill the rest of the step: under `at_least_one` consecutive
+  slices of the data order of that (constant) width; under `stochastic` the step's full slice of prompts_per_step,
+  its last ones left out on a step that replays, so a varying count never repeats or skips the stage's own prompts.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,11 +60,41 @@ def lora_overlap_sq(A: Tensor, A_old: Tensor) -> Tensor:
     return (A @ A_old.detach().to(A.dtype).T).square().sum()  # [r, r_old] -> []
 
 
-def replay_count(fraction: float, per_step: int, n_earlier_domains: int) -> int:
-    """How many of a step's `per_step` prompts are replayed from earlier domains (see the module docstring)."""
+REPLAY_EXAMPLES_SEED = 3_000_000  # + step: which earlier examples a step replays (`replay_examples`)
+REPLAY_COUNT_SEED = 3_500_000  # + step: the `stochastic` rounding's draw
+
+
+def _at_least_one(expected: float, seed: int) -> int:
+    return max(1, round(expected))
+
+
+def _stochastic(expected: float, seed: int) -> int:
+    whole = math.floor(expected)
+    u = torch.rand((), generator=torch.Generator().manual_seed(seed), dtype=torch.float64).item()
+    return whole + int(u < expected - whole)
+
+
+# replay_rounding -> (count from the expected count and the step's seed, whether the stage's own prompts keep the
+# step's full slice of the data order)
+REPLAY_ROUNDING = {"at_least_one": (_at_least_one, False), "stochastic": (_stochastic, True)}
+
+
+def replay_count(
+    fraction: float, per_step: int, n_earlier_domains: int, rounding: str = "at_least_one", seed: int = 0
+) -> int:
+    """How many of a step's `per_step` prompts are replayed from earlier domains (see the module docstring); `seed`:
+    the step's, for the `stochastic` rounding's draw."""
     if fraction <= 0 or n_earlier_domains == 0 or per_step < 2:
         return 0
-    return min(per_step - 1, max(1, round(fraction * per_step)))
+    return min(per_step - 1, REPLAY_ROUNDING[rounding][0](fraction * per_step, seed))
+
+
+def replay_plan(cfg: Any, per_step: int, n_earlier_domains: int, seed: int) -> tuple[int, int]:
+    """(prompts replayed, width of the step's slice of the stage's own data order) for one step: `cfg` the stage's
+    regularizers block, `seed` the step's (`step_seed(…, REPLAY_COUNT_SEED + step)`). The stage's own prompts are the
+    slice's first per_step − replayed."""
+    n = replay_count(cfg.replay_fraction, per_step, n_earlier_domains, cfg.replay_rounding, seed)
+    return n, per_step if REPLAY_ROUNDING[cfg.replay_rounding][1] else per_step - n
 
 
 def replay_examples(domains: list[Any], n: int, seed: int) -> list[tuple[Any, Any]]:

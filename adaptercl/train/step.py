@@ -20,6 +20,14 @@ distillation-only step with no distilled token (SDPO: no sibling succeeded and n
 no update. A pass whose gradient norm is NaN/inf makes no update either (`nonfinite_step` 1, as verl): the stage then
 leaves the teacher and the rollout engine as they are, and the collapse guard sees the non-finite `grad_norm`.
 
+Rollout mismatch (vLLM engines, which return their own logprobs `rollout_logp`): the policy term and the distillation
+weights multiply by min(exp(logp_old − logp_rollout), cap). Under `rollout.top_p` < 1 the engine's logprobs are those
+of the nucleus it sampled from, renormalised (log p(y) − log S, S the kept mass), the trainer's under the full softmax:
+on the first pass, whose policy is the rollout's old one, each micro-batch adds log S of its own logits
+(`TokenTerms.log_kept`, `rollout.kept_log_mass`) to the engine's logprobs, so the ratio compares the same
+distribution and on-policy rows weigh 1 (not S: trl#6789). The GRPO ratio exp(logp − logp_old) stays under the full
+softmax, as TRL's.
+
 Data-parallel ranks (`system/distributed.py`): each rank's batch is its share of the step's rows; every denominator
 above is the whole batch's (summed over ranks), so the ranks' losses sum to the 1-process loss, and the gradients are
 summed before clipping (the L2/orthogonality term is added on rank 0 only). Logged statistics are the whole batch's.
@@ -65,14 +73,17 @@ def train_on_batch(
     targets: DistillTargets | None,
     rollout_logp: torch.Tensor | None,
     regs: StageRegularizers | None = None,
+    method: str | None = None,
 ) -> dict[str, float]:
     """Train on one batch (see the module docstring); returns the step's statistics (pass means).
 
     batch [N, P+R] with advantages [N]; `targets` the distillation inputs of distilling methods; `rollout_logp`
-    [N, R] the rollout engine's own logprobs when it returned them (else None: on-policy hf rollouts).
+    [N, R] the rollout engine's own logprobs when it returned them (else None: on-policy hf rollouts). `method`: the
+    method whose terms make the loss, None for the stage's (a closed lift gate passes "grpo" and no targets:
+    `lift_gate.py`).
     """
     stage, model = ctx.stage, ctx.model
-    spec = METHODS[stage.method]
+    spec = METHODS[method or stage.method]
     if not spec.policy_term and targets is not None and _global_count(targets.mask, "token_mean") == 0:
         # Nothing to distil: no gradient, and no update either; a zero gradient would still move the weights through
         # AdamW's momentum, while a step over parameters without .grad changes nothing.
@@ -101,10 +112,15 @@ def train_on_batch(
     logp_old = None
     if stage.grpo.iterations > 1:  # off-policy passes need the rollout policy's logprobs
         logp_old = logprobs(model, batch, temperature, chunk)
+    # Under top-p the engine's logprobs are the nucleus-renormalised ones: the first pass (the rollout's old policy)
+    # moves them onto the trainer's full support, + log of the mass it keeps (see the module docstring).
+    top_p = stage.rollout.top_p if rollout_logp is not None else 1.0
+    if top_p < 1.0:
+        rollout_logp = rollout_logp.clone()
     sums: dict[str, float] = {}  # additive over data-parallel ranks (global denominators): summed at the end
     shared: dict[str, float] = {}  # the same on every rank (computed from the reduced gradients or the weights)
     params = list(lora_parameters(model, ctx.student).values())
-    for _ in range(stage.grpo.iterations):
+    for iteration in range(stage.grpo.iterations):
         optimizer.zero_grad(set_to_none=True)
         for k, rows in enumerate(parts):
             mb = cut(batch, rows, len(parts))
@@ -124,9 +140,14 @@ def train_on_batch(
                 target_rows = (t_mask.sum(-1) > 0).nonzero().squeeze(-1)  # [n_t]
                 teacher_mb = cut(targets.teacher_batch.select(rows), target_rows, len(parts), r_width)
                 teacher = ctx.teacher.scores(model, teacher_mb, temperature, chunk)  # [n_t, R', V] or [n_t, R', H]
-            terms = token_terms(student, mb.response_ids, chunk, previous, teacher, target_rows, stage.distill)
+            kept_top_p = top_p if iteration == 0 else 1.0  # log_kept on the first pass only
+            terms = token_terms(
+                student, mb.response_ids, chunk, previous, teacher, target_rows, stage.distill, kept_top_p
+            )
             logp = terms.logp  # [n_mb, R']
             old = logp.detach() if logp_old is None else logp_old[rows][:, :r_width]
+            if terms.log_kept is not None:  # the engine's logprobs of these rows on the trainer's support, once
+                rollout_logp[rows, :r_width] += terms.log_kept.to(rollout_logp.dtype)
             mb_rollout_logp = None if rollout_logp is None else rollout_logp[rows][:, :r_width]
             token_share = mask.sum() / total_tokens
             loss = logp.new_zeros(())

@@ -5,13 +5,14 @@ A forward's output over the response positions is `model.batching.ResponseScores
 (float32, already / temperature: today's path, `optim.logits_chunk_size: off`, the CPU default) or the final hidden
 states [n, R, H] with the LM head. `token_terms` turns the student's scores (and those of the previous stage's
 policy for `kl_prev`, and of the teacher on the distilled rows) into per-token tensors [n, R]: the log-probs of the
-sampled tokens, the entropies, KL to the previous policy, the distillation divergence. With a chunk size c, each chunk
-computes its logits = head(h[:, chunk]).float() / temperature (the model's dtype for the matmul, float32 after, as
-transformers' `logits.float()`), the same pure functions of `losses.py` / `regularizers.py` on them, and is wrapped
-in non-reentrant `torch.utils.checkpoint`: only the chunk's inputs (hidden states, a few [n, c, H]) are kept for
-backward, which recomputes one chunk's logits at a time. Peak logits memory: ~3 × n × c × V × 4 bytes (student,
-teacher, previous) instead of the same with R. TRL computes its log-probs in chunks of rows for the same reason;
-chunking positions also bounds one long row.
+sampled tokens, the entropies, KL to the previous policy, the distillation divergence, and under top-p sampling the
+log of the mass the sampler kept (`rollout.kept_log_mass`, for the rollout-mismatch ratio: `step.py`). With a
+chunk size c, each chunk computes its logits = head(h[:, chunk]).float() / temperature (the model's dtype for the
+matmul, float32 after, as transformers' `logits.float()`), the same pure functions of `losses.py` /
+`regularizers.py` on them, and is wrapped in non-reentrant `torch.utils.checkpoint`: only the chunk's inputs (hidden
+states, a few [n, c, H]) are kept for backward, which recomputes one chunk's logits at a time. Peak logits memory:
+~3 × n × c × V × 4 bytes (student, teacher, previous) instead of the same with R. TRL computes its log-probs in
+chunks of rows for the same reason; chunking positions also bounds one long row.
 
 Every loss term is a function of these per-token values (the policy term of log-probs, the distillation term of
 the divergence times detached importance weights), so the loss and its gradient are those of the unchunked path up
@@ -33,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 
 from adaptercl.model import ResponseScores
 from adaptercl.recipe import DistillConfig
+from adaptercl.rollout import kept_log_mass
 from adaptercl.train.losses import distillation_divergence, gather_logprobs, kl_to_previous, token_entropy
 
 CUDA_CHUNK = 1024  # `optim.logits_chunk_size: auto` on CUDA: ~0.6 GB of float32 logits at Qwen2.5's V per row
@@ -56,6 +58,7 @@ class TokenTerms:
     kl_prev: Tensor | None = None  # [n, R] KL(current ‖ previous stage) (gradient), when asked for
     divergence: Tensor | None = None  # [n_t, R] distillation divergence on `target_rows` (gradient)
     teacher_logp: Tensor | None = None  # [n_t, R] teacher log-probs of the sampled tokens (`sampled` support stat)
+    log_kept: Tensor | None = None  # [n, R] log of the mass top-p sampling keeps (`rollout.kept_log_mass`), asked for
 
 
 def token_terms(
@@ -66,14 +69,14 @@ def token_terms(
     teacher: ResponseScores | None = None,
     target_rows: Tensor | None = None,
     distill: DistillConfig | None = None,
+    top_p: float = 1.0,
 ) -> TokenTerms:
     """The `TokenTerms` of a micro-batch: response_ids [n, R]; `previous` the previous policy's scores on the same
-    rows (kl_prev); `teacher` the teacher's on rows `target_rows` [n_t] with the divergence of `distill`."""
+    rows (kl_prev); `teacher` the teacher's on rows `target_rows` [n_t] with the divergence of `distill`; with
+    `top_p` < 1, `log_kept` of the student's logits (the rollout-mismatch ratio under truncated sampling)."""
     if chunk_size is None:
-        prev = None if previous is None else previous.logits
-        return _terms(
-            student.logits, response_ids, prev, None if teacher is None else teacher.logits, target_rows, distill
-        )
+        prev, teach = (None if s is None else s.logits for s in (previous, teacher))
+        return _terms(student.logits, response_ids, prev, teach, target_rows, distill, top_p)
     parts = []
     for start in range(0, response_ids.shape[1], chunk_size):
         cols = slice(start, start + chunk_size)
@@ -88,6 +91,7 @@ def token_terms(
                 None if h_teacher is None else teacher.chunk_logits(h_teacher),
                 target_rows,
                 distill,
+                top_p,
             )
 
         inputs = [None if s is None else s.hidden[:, cols] for s in (student, previous, teacher)]
@@ -110,6 +114,7 @@ def _terms(
     teacher_logits: Tensor | None,
     target_rows: Tensor | None,
     distill: DistillConfig | None,
+    top_p: float = 1.0,
 ) -> TokenTerms:
     """`TokenTerms` of logits [n, T, V] (a chunk or all of R); teacher_logits [n_t, T, V] on rows `target_rows`.
     The no-gradient values come last, so a checkpointed chunk's backward recompute stops before them."""
@@ -126,7 +131,8 @@ def _terms(
                 teacher_logp = gather_logprobs(teacher_logits, ids)  # [n_t, T]
     with torch.no_grad():
         entropy = token_entropy(logits)  # [n, T]
-    return TokenTerms(logp, entropy, kl, divergence, teacher_logp)
+        log_kept = kept_log_mass(logits, top_p) if top_p < 1.0 else None  # [n, T]
+    return TokenTerms(logp, entropy, kl, divergence, teacher_logp, log_kept)
 
 
 @torch.no_grad()

@@ -1,7 +1,7 @@
 """The 24 GB rehearsal's measurements beside the plan's model of the same run: memory per phase and seconds per part.
 
 Reads the committed rehearsal results (`results/rehearse_24gb*.json`, made by rehearse_24gb.py on a lent GPU),
-rebuilds the recipe each ran (`rehearse_24gb.rehearsal_raw` with the run's recorded changes and the engine that ran,
+rebuilds the recipe each ran (`recipe_as_run`: the run's recorded changes and the engine that ran,
 the model named by its hub id: the random checkpoint has Qwen2.5-7B's shape) and checks that the memory plan of that
 recipe is the one the run recorded, phase for phase but the training step, whose model has changed since the runs
 (both figures are shown). Then it asks the wall-time model (`plan.wall_time`) for each part of that very run on the
@@ -62,26 +62,29 @@ def card_of(device: str):
 
 
 def recipe_as_run(result: dict[str, Any], work: Path):
-    """The recipe the rehearsal ran (its engine, its changes), model named by hub id."""
-    import rehearse_24gb
+    """The recipe the rehearsal ran (its engine, its recorded changes: the committed runs' rehearse_24gb.py shrank the
+    recipe itself, before it called `adaptercl recipe rehearse`), model named by hub id."""
+    import yaml
+    from rehearse_24gb import write_domain
 
     from adaptercl.recipe.grammar import resolve_recipe
-    from adaptercl.rollout.engine_choice import with_engine
 
     changes, repo = result["changes"], Path(__file__).resolve().parents[2]
-    args = argparse.Namespace(
-        recipe=repo / result["recipe"],
-        probes=bool(changes["eval"]["retention_probes"]),
-        prompt_tokens=prompt_tokens(result),
-        steps=changes["optim"]["steps"],
-        prompts_per_step=changes["optim"]["prompts_per_step"],
-        eval_examples=changes["eval"]["examples_per_domain"],
-        eval_new_tokens=changes["eval"]["max_new_tokens"],
-        tiny=False,
-        tiny_new_tokens=0,
-    )
-    raw, _ = rehearse_24gb.rehearsal_raw(args, Path(MODEL), work)
-    return with_engine(resolve_recipe(raw), result["engine"]["engine"])
+    raw = yaml.safe_load((repo / result["recipe"]).read_text())
+    probes = raw.get("eval", {}).get("retention_probes", []) if changes["eval"]["retention_probes"] else []
+    trained = {s["domain"] for s in raw["stages"]}
+    names = [d["name"] for d in raw["domains"] if d["name"] in trained or d["name"] in probes]
+    domains = [
+        {"name": name, "source": str(write_domain(work / "data" / name, prompt_tokens(result))), "format": "gsm8k"}
+        for name in names
+    ]
+    raw.update(model={**raw["model"], "name": MODEL}, output_dir=str(work / "run"), domains=domains)
+    raw["optim"] = {**raw["optim"], **changes["optim"]}
+    raw["eval"] = {**raw.get("eval", {}), **changes["eval"]}
+    recipe = resolve_recipe(raw)
+    engine = result["engine"]["engine"]
+    stages = [s.model_copy(update={"rollout": s.rollout.model_copy(update={"engine": engine})}) for s in recipe.stages]
+    return recipe.model_copy(update={"stages": stages})
 
 
 def prompt_tokens(result: dict[str, Any]) -> int:

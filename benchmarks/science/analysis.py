@@ -3,12 +3,13 @@
 Intervals (all 95 %):
 - one accuracy of one run: the Wilson interval over its n eval examples (`measure.stats.wilson_interval`);
 - figures made of accuracies (a cell of the accuracy matrix, ACC, forgetting, plasticity, BWT, FWT, the forgetting
-  a stage caused), for one run or averaged over seeds: a two-level percentile bootstrap (`bootstrap`). Each resample
-  draws the seeds with replacement and then, independently for each drawn seed and domain, that seed's eval
+  a stage caused), for one run or averaged over seeds: a two-level percentile bootstrap (`resampling.bootstrap`). Each
+  resample draws the seeds with replacement and then, independently for each drawn seed and domain, that seed's eval
   examples with replacement; the figure is computed from the resampled accuracy matrix with
   `measure.metrics.cl_metrics` / `measure.metrics.stage_forgetting` and averaged over the drawn seeds. A seed fixes the
   eval set (the builtin domains draw it from the seed), so every method of a seed is resampled with the same examples:
-  a difference between two methods is paired (the same draws for both). With 3 seeds the seed level has few distinct
+  a difference between two methods is paired (the same draws for both, over the seeds both have:
+  `resampling.Draws`; a method's own figures are over all its seeds). With 3 seeds the seed level has few distinct
   draws, so these intervals are the example noise plus a coarse view of the seed-to-seed spread; the per-seed figures
   are listed beside them;
 - per-run figures not made of eval examples (parameter drift, KL to the base, reward drop, the teacher lift's mean
@@ -24,105 +25,23 @@ import math
 import statistics
 
 import torch
+from resampling import Draws, bootstrap, difference, paired_means, percentile, point
 
-from adaptercl.measure.metrics import cl_metrics, stage_forgetting
 from adaptercl.measure.stats import linear_fit, t_interval, wilson_interval
 
-RUN_FIGURES = ("acc", "forgetting", "plasticity", "bwt", "fwt")  # of cl_metrics, bootstrapped
 SCALARS = ("parameter_drift", "response_kl_to_base", "foreign_format_rate", "reward_drop", "train_minutes")
-
-
-def figures(acc: torch.Tensor, cols: list[int]) -> dict[str, float | None]:
-    """The bootstrapped figures of one accuracy matrix [K+1, D]: RUN_FIGURES, every cell (`cell k d`), each stage's
-    gain on its own domain (`gain k` = a[k, c_k] − a[k−1, c_k], stages 1..K; plasticity is their mean), the
-    forgetting each stage caused (`stage_forgetting k`, stages 2..K), each domain's peak (`peak d` = max over the
-    rows, before training included) and the general-ability delta: each retention probe's change over the whole
-    sequence (`probe_change d` = a[K, d] − a[0, d], d never trained) and their mean (`general_delta`, None without
-    probes)."""
-    cl = cl_metrics(acc, cols)
-    out: dict[str, float | None] = {f: cl[f] for f in RUN_FIGURES}
-    out["general_delta"] = cl["retention"]["mean_change"]
-    for probe in cl["retention"]["probes"]:
-        out[f"probe_change {probe['column']}"] = probe["change"]
-    for d in range(acc.shape[1]):
-        out[f"peak {d}"] = acc[:, d].max().item()
-    for k, c in enumerate(cols, start=1):
-        out[f"gain {k}"] = (acc[k, c] - acc[k - 1, c]).item()
-    for k, value in enumerate(stage_forgetting(acc, cols), start=1):
-        if k > 1:
-            out[f"stage_forgetting {k}"] = value
-    for k, row in enumerate(acc.tolist()):
-        for d, value in enumerate(row):
-            out[f"cell {k} {d}"] = value
-    return out
-
-
-def correct_tensors(run: dict) -> list[torch.Tensor]:
-    """Per domain d, the run's correctness [K+1, n_d] (float)."""
-    rows = run["correct"]
-    return [torch.tensor([row[d] for row in rows], dtype=torch.float64) for d in range(len(run["domains"]))]
-
-
-def mean_of(dicts: list[dict[str, float | None]]) -> dict[str, float | None]:
-    """Key-wise mean, leaving out None."""
-    out = {}
-    for key in dicts[0]:
-        values = [d[key] for d in dicts if d.get(key) is not None]
-        out[key] = statistics.fmean(values) if values else None
-    return out
-
-
-def bootstrap(
-    runs: dict[str, dict[int, dict]], seeds: list[int], resamples: int, seed: int = 0
-) -> dict[str, list[dict[str, float | None]]]:
-    """Per method, `resamples` two-level bootstrap draws of `figures` averaged over the drawn seeds (module
-    docstring). `runs[method][seed]` is a record; every method must have every seed of `seeds`. Seeded."""
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {m: {s: correct_tensors(runs[m][s]) for s in seeds} for m in runs}
-    first = runs[next(iter(runs))][seeds[0]]
-    cols = first["trained_columns"]
-    out: dict[str, list[dict]] = {m: [] for m in runs}
-    for _ in range(resamples):
-        drawn = [seeds[i] for i in torch.randint(len(seeds), (len(seeds),), generator=gen).tolist()]
-        picks = []  # per drawn seed: per domain the example indices [n_d]
-        for s in drawn:
-            n = [t.shape[1] for t in tensors[next(iter(runs))][s]]
-            picks.append([torch.randint(n_d, (n_d,), generator=gen) for n_d in n])
-        for m in runs:
-            per_seed = []
-            for s, idx in zip(drawn, picks):
-                acc = torch.stack([t[:, i].mean(dim=1) for t, i in zip(tensors[m][s], idx)], dim=1)  # [K+1, D]
-                per_seed.append(figures(acc, cols))
-            out[m].append(mean_of(per_seed))
-    return out
-
-
-def percentile(values: list[float]) -> list[float] | None:
-    """The 2.5 % and 97.5 % quantiles (linear interpolation), None for no values."""
-    if not values:
-        return None
-    q = torch.quantile(torch.tensor(values, dtype=torch.float64), torch.tensor([0.025, 0.975], dtype=torch.float64))
-    return q.tolist()
-
-
-def point(runs: dict[int, dict]) -> dict[str, float | None]:
-    """`figures` of each seed's own accuracy matrix, averaged over the seeds."""
-    return mean_of(
-        [figures(torch.tensor(r["accuracy"], dtype=torch.float64), r["trained_columns"]) for r in runs.values()]
-    )
 
 
 def summarise(
     runs: dict[str, dict[int, dict]], resamples: int, seed: int = 0
-) -> tuple[dict[str, dict], dict[str, list[dict]], list[int]]:
-    """Per method: each figure's mean over the seeds with its two-level bootstrap interval and the per-seed values;
+) -> tuple[dict[str, dict], Draws, list[int]]:
+    """Per method: each figure's mean over its seeds with its two-level bootstrap interval and the per-seed values;
     the per-seed intervals (one-seed bootstrap, Wilson for cells); the SCALARS with t-intervals. Also returns the
-    bootstrap draws (for paired differences) and the seeds they use (those every method has)."""
-    seeds = sorted(set.intersection(*(set(r) for r in runs.values())))
-    draws = bootstrap(runs, seeds, resamples, seed) if seeds else {m: [] for m in runs}
+    bootstrap draws (`Draws`: paired differences over the seeds two methods share) and every seed of any method."""
+    draws = Draws(runs, resamples, seed)
     out = {}
     for m, by_seed in runs.items():
-        mean = point({s: by_seed[s] for s in seeds}) if seeds else {}
+        mean = point(by_seed)
         per_seed = {}
         for s, run in by_seed.items():
             own = bootstrap({m: by_seed}, [s], resamples, seed)[m]
@@ -136,7 +55,7 @@ def summarise(
                     per_seed[s][f"cell {k} {d}"]["ci95"] = list(wilson_interval(sum(col), len(col)))
         out[m] = {
             "seeds": sorted(by_seed),
-            "bootstrap_seeds": seeds,
+            "bootstrap_seeds": sorted(by_seed),
             "n": by_seed[min(by_seed)]["n"],
             "figures": {
                 key: {"mean": v, "ci95": percentile([d[key] for d in draws[m] if d[key] is not None])}
@@ -145,7 +64,7 @@ def summarise(
             "per_seed": per_seed,
             "scalars": {key: scalar([by_seed[s][key] for s in sorted(by_seed)]) for key in SCALARS},
         }
-    return out, draws, seeds
+    return out, draws, sorted(set().union(*(set(r) for r in runs.values())))
 
 
 def scalar(values: list[float | None]) -> dict:
@@ -165,12 +84,7 @@ def verdict(ci: list[float] | None, expect: str) -> str:
     return "holds" if (above if expect == "> 0" else below) else "opposite"
 
 
-def difference(draws: dict[str, list[dict]], left: str, right: str, key: str, scale: float = 1.0) -> list[float]:
-    """Paired bootstrap draws of left's figure minus `scale` × right's."""
-    return [a[key] - scale * b[key] for a, b in zip(draws[left], draws[right]) if None not in (a[key], b[key])]
-
-
-def compare(summary: dict, draws: dict, claim: str, left: str, right: str, key: str, expect: str) -> dict | None:
+def compare(summary: dict, draws: Draws, claim: str, left: str, right: str, key: str, expect: str) -> dict | None:
     """A paper direction as a paired difference left − right of a bootstrapped figure or a per-seed scalar."""
     if left not in summary or right not in summary:
         return None
@@ -184,7 +98,7 @@ def compare(summary: dict, draws: dict, claim: str, left: str, right: str, key: 
         left_v, right_v, how = a["mean"], b["mean"], "paired t over seeds"
     else:
         d = difference(draws, left, right, key)
-        left_v, right_v = summary[left]["figures"][key]["mean"], summary[right]["figures"][key]["mean"]
+        left_v, right_v = paired_means(summary, draws, left, right, key)  # over the seeds both have
         est = None if None in (left_v, right_v) else left_v - right_v
         ci, how = percentile(d), "paired two-level bootstrap"
     return {
@@ -199,7 +113,7 @@ def compare(summary: dict, draws: dict, claim: str, left: str, right: str, key: 
     }
 
 
-def paper_checks(summary: dict, draws: dict, lift_rows: list[dict] = ()) -> list[dict]:
+def paper_checks(summary: dict, draws: Draws, lift_rows: list[dict] = ()) -> list[dict]:
     """The SDPO-CL paper's directions ("Denser ≠ Better"), each as a difference with its interval. "Specialises
     faster" is also tested stage by stage where its premise holds: on each stage whose teacher lift (`lift_rows`,
     `teacher_lift_table`), pooled over the seeds, is positive, the stage's own gain against GRPO's."""
@@ -262,7 +176,7 @@ def goal_state(ci: list[float] | None, good: str) -> str:
     return "undecided"
 
 
-def hybrid_goal(summary: dict, draws: dict, sdpo_variants: tuple[str, ...]) -> list[dict]:
+def hybrid_goal(summary: dict, draws: Draws, sdpo_variants: tuple[str, ...]) -> list[dict]:
     """The hybrid's goal: forgetting no worse than GRPO's (hybrid − grpo ≤ 0) and in-domain gain at least 90 % of
     the best SDPO variant's (hybrid − 0.9 × best ≥ 0; the best by mean plasticity; when that is ≤ 0 the target is
     the best's gain itself). met: the interval lies on the goal's side (or touches 0 there); not met: it lies on the
@@ -274,7 +188,7 @@ def hybrid_goal(summary: dict, draws: dict, sdpo_variants: tuple[str, ...]) -> l
 
     if "grpo" in summary:
         d = difference(draws, "hybrid", "grpo", "forgetting")
-        h, g = (summary[m]["figures"]["forgetting"]["mean"] for m in ("hybrid", "grpo"))
+        h, g = paired_means(summary, draws, "hybrid", "grpo", "forgetting")
         ci = percentile(d)
         out.append(
             {
@@ -290,7 +204,7 @@ def hybrid_goal(summary: dict, draws: dict, sdpo_variants: tuple[str, ...]) -> l
     present = [m for m in sdpo_variants if m in summary]
     if present:
         best = max(present, key=lambda m: summary[m]["figures"]["plasticity"]["mean"])
-        h, b = summary["hybrid"]["figures"]["plasticity"]["mean"], summary[best]["figures"]["plasticity"]["mean"]
+        h, b = paired_means(summary, draws, "hybrid", best, "plasticity")
         scale = 0.9 if b > 0 else 1.0
         ci = percentile(difference(draws, "hybrid", best, "plasticity", scale))
         out.append(

@@ -7,6 +7,8 @@ What a record holds, and where from (layout: adaptercl/run_dir/layout.py):
   prompts), None where it was off.
 - teacher_lift[k−1]: stage k's teacher_lift.json (None for a method without a self-teacher).
 - signals[k−1]: stage k's per-step training traces of `signals.SIGNALS` (reward, route shares, refreshes).
+- artifacts[k−1]: stage k's formatting artifacts on its own domain against the base (`measure.artifacts`, from the
+  eval.json `completions`; None for a run older than them), its `top` cut to `TOP_KEPT` n-grams.
 - the final stage's parameter and response drift, the collapse guard's events, the largest in-stage reward drop,
   training minutes, and the run's provenance (`<run>.run.json`, written by run.py: revision, command, wall time).
 """
@@ -19,12 +21,19 @@ from pathlib import Path
 
 from signals import stage_traces
 
+from adaptercl.measure.artifacts import stage_artifacts
 
-def collect_runs(runs_dir: Path, methods: list[str], seeds: list[int]) -> tuple[list[dict], list[str]]:
-    """The records of the finished runs `<method>-s<seed>` under `runs_dir`, and the names of those not finished."""
+TOP_KEPT = 5  # n-grams of each stage's artifact diagnostic kept in the record (the most frequent first)
+
+
+def collect_runs(
+    runs_dir: Path, methods: list[str], seeds: list[int] | dict[str, list[int]]
+) -> tuple[list[dict], list[str]]:
+    """The records of the finished runs `<method>-s<seed>` under `runs_dir`, and the names of those not finished.
+    `seeds`: every method's, or each method's own."""
     records, missing = [], []
     for method in methods:
-        for seed in seeds:
+        for seed in seeds[method] if isinstance(seeds, dict) else seeds:
             record = collect_run(runs_dir / f"{method}-s{seed}", method, seed)
             if record is None:
                 missing.append(f"{method}-s{seed}")
@@ -63,6 +72,7 @@ def collect_run(run_dir: Path, method: str, seed: int) -> dict | None:
     def response_mean(key: str) -> float | None:
         return statistics.fmean(d[key] for d in response.values()) if response else None
 
+    artifacts = stage_artifacts(rows, domains, summary["cl_metrics"]["trained_columns"])
     return {
         "method": method,
         "seed": seed,
@@ -81,6 +91,7 @@ def collect_run(run_dir: Path, method: str, seed: int) -> dict | None:
         "guard_events": events,
         "reward_drop": max(drops),
         "signals": signals,  # [K][key] -> per-step values (signals.SIGNALS)
+        "artifacts": [None if a is None else {**a, "top": a["top"][:TOP_KEPT]} for a in artifacts],  # [K]
         "train_minutes": train_seconds / 60,
         "provenance": provenance,  # git, command, started_at, load_average_at_start, exit, wall_s
     }

@@ -3,9 +3,10 @@ out): the headline, each domain's peak, final accuracy and collapse flag, the ge
 probes, whether every stage is learnable, and the points of the Pareto plot.
 
 - Headline (`versus_reference`): is there a method with ACC ≥ GRPO's **and** forgetting ≤ GRPO's? Each difference
-  method − GRPO is a paired two-level bootstrap interval (`analysis.difference`: the same seed and example draws for
-  both), judged by `analysis.goal_state`: met when the interval lies on the goal's side of 0 (touching 0 counts),
-  not met when strictly on the other side, undecided otherwise. The answer is "yes" when some method meets both,
+  method − GRPO is a paired two-level bootstrap interval (`resampling.difference`: the same seed and example draws
+  for both, over the seeds both have; the point estimate is over the same seeds, `resampling.paired_means`), judged
+  by `analysis.goal_state`: met when the interval lies on the goal's side of 0 (touching 0 counts), not met when
+  strictly on the other side, undecided otherwise. The answer is "yes" when some method meets both,
   "no" when every method fails at least one, "undecided" otherwise. Plasticity and the general-ability delta are
   compared the same way (reported, not part of the question).
 - Collapse (`peak_final`): per run and domain, peak = the best accuracy over the rows (before training and after
@@ -22,7 +23,8 @@ probes, whether every stage is learnable, and the points of the Pareto plot.
 
 from __future__ import annotations
 
-from analysis import difference, goal_state, percentile
+from analysis import goal_state
+from resampling import Draws, difference, paired_means, percentile
 
 COLLAPSE_RATIO = 0.5  # final < 0.5 × peak: issue 25's collapse flag
 HEADLINE = (("acc", "≥ 0"), ("forgetting", "≤ 0"))  # the question: ACC no lower and forgetting no higher
@@ -34,9 +36,12 @@ def collapsed(peak: float, final: float, ratio: float = COLLAPSE_RATIO) -> bool:
     return final < ratio * peak
 
 
-def paired(summary: dict, draws: dict, method: str, reference: str, key: str, good: str) -> dict | None:
-    """method − reference of a bootstrapped figure: the means, the difference, its paired interval and goal state."""
-    left, right = (summary[m]["figures"].get(key, {}).get("mean") for m in (method, reference))
+def paired(summary: dict, draws: Draws, method: str, reference: str, key: str, good: str) -> dict | None:
+    """method − reference of a bootstrapped figure: the means over the seeds both have, the difference, its paired
+    interval and goal state."""
+    if any(summary[m]["figures"].get(key, {}).get("mean") is None for m in (method, reference)):
+        return None
+    left, right = paired_means(summary, draws, method, reference, key)
     if left is None or right is None:
         return None
     ci = percentile(difference(draws, method, reference, key))
@@ -44,7 +49,7 @@ def paired(summary: dict, draws: dict, method: str, reference: str, key: str, go
             "state": goal_state(ci, good)}  # fmt: skip
 
 
-def versus_reference(summary: dict, draws: dict, reference: str = "grpo") -> dict:
+def versus_reference(summary: dict, draws: Draws, reference: str = "grpo") -> dict:
     """The headline (module docstring): per method, its paired differences with the reference and whether it meets
     both goals; the answer and the methods that meet both."""
     if reference not in summary:

@@ -1,24 +1,29 @@
 """Science benchmark: the continual trade-off of GRPO, SDPO, SRPO, the hybrid and their continual variants on
-SmolLM2-135M-Instruct over three built-in domains (arithmetic -> mcq -> toolcall), the same budget per method, three
-seeds, with intervals, and the general-ability delta on four retention probes (ARC, BoolQ, PIQA, Winogrande).
+SmolLM2-135M-Instruct over a sequence of built-in domains, the same budget per method, several seeds, with intervals,
+and the general-ability delta on four retention probes (ARC, BoolQ, PIQA, Winogrande).
 
-One command runs every method and seed that is not finished yet and collects everything into results.json,
-results.md, results.png and pareto.png beside this file:
+One command runs every method and seed of a collection (sweeps.COLLECTIONS: `issue25`, the default, arithmetic ->
+mcq -> toolcall; `forgetting`, issue 37's, on the sequence its pilots chose) that is not finished yet and collects
+everything into results.json, results.md, results.png and pareto.png in the collection's folder:
 
     env OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/science/run.py --runs ../science-runs --jobs 2
     python benchmarks/science/run.py --runs ../science-runs --collect-only     # rebuild the results only
+    env OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 python benchmarks/science/run.py --collection forgetting \
+        --runs ../science-runs-forgetting --jobs 2                            # issue 37's, into forgetting/
 
-Each method/seed is `base.yaml` with the method's blocks (METHODS) merged over it and the retention probes (PROBES,
-files under `--data`, default ../shared/data from the repo root) added, run as its own `adaptercl recipe run` process
-from the repo root (peak memory and crashes stay separate; a finished run is skipped, an interrupted one resumes; a
-finished run whose recipe differs from the one it would get now is refused, never mixed in). Every recipe is
-validated before the first run starts. The modules beside this one: `collect.py` reads a run directory,
-`analysis.py` takes the statistics (intervals over examples and seeds, KL against forgetting, the paper's directions,
-the hybrid's goal), `headline.py` the comparison with GRPO (the headline, peak/final/collapse, the general-ability
-delta, learnable stages, the Pareto points), `results.py` writes the tables and `plots.py` the figures. Outputs name
-no path of the machine: the runs folder is `<runs>`, the repo root `.`. `--set KEY=VALUE` overrides base.yaml
-(dotted keys, a list's entry by its name, YAML values), for a smoke test: `--set optim.steps=2
-stages.toolcall.optim.steps=2 eval.examples_per_domain=8 --out <scratch>/smoke`.
+Each method/seed is `base.yaml` (with the collection's sequence, sweeps.SEQUENCES, in place of its stages) with the
+method's blocks (METHODS) merged over it and the retention probes (PROBES, files under `--data`, default
+../shared/data from the repo root) added, run as its own `adaptercl recipe run` process from the repo root (peak
+memory and crashes stay separate; a finished run is skipped, an interrupted one resumes; a finished run whose recipe
+differs from the one it would get now is refused, never mixed in). Every recipe is validated before the first run
+starts. The modules beside this one: `sweeps.py` the collections and sequences, `collect.py` reads a run directory,
+`resampling.py` the bootstrap, `analysis.py` takes the statistics (intervals over examples and seeds, KL against
+forgetting, the paper's directions, the hybrid's goal), `headline.py` the comparison with GRPO (the headline,
+peak/final/collapse, the general-ability delta, learnable stages, the Pareto points), `results.py` writes the tables
+(`format_artifacts.py` the formatting-artifact table) and `plots.py` the figures; `pilot.py` runs GRPO alone on
+candidate sequences (issue 37's pilots). Outputs name no path of the machine: the runs folder is `<runs>`, the repo
+root `.`. `--set KEY=VALUE` overrides base.yaml (dotted keys, a list's entry by its name, YAML values), for a smoke
+test: `--set optim.steps=2 stages.toolcall.optim.steps=2 eval.examples_per_domain=8 --out <scratch>/smoke`.
 """
 
 from __future__ import annotations
@@ -41,9 +46,19 @@ sys.path.insert(0, str(HERE.parent))  # benchmarks/, for the shared provenance.p
 sys.path.insert(0, str(HERE))
 
 from provenance import git_revision  # noqa: E402
+from sweeps import COLLECTIONS, DEFAULT_COLLECTION, SEQUENCES, jobs, with_sequence  # noqa: E402
 
 from adaptercl.recipe.grammar import RecipeError, resolve_recipe  # noqa: E402
 from adaptercl.system.atomic import write_json  # noqa: E402
+
+
+def merge(base: dict, update: dict) -> dict:
+    """`base` with `update` merged in, nested dicts key by key (neither is modified)."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
 
 # The methods: each a block merged over base.yaml (the method name goes to every stage). The self-teacher methods
 # run the teacher's forward in bf16 where the CPU has bf16 matrix instructions (`autocast: auto`, as the shipped CPU
@@ -53,6 +68,16 @@ from adaptercl.system.atomic import write_json  # noqa: E402
 # reward on train prompts (fact-disjoint from the eval sets), never an eval set.
 AUTOCAST = {"teacher": {"autocast": "auto"}}
 CONSERVATIVE = {"l2_prev": 0.01, "replay_fraction": 0.25}  # the hybrid's continual terms (recipes/hybrid-cpu.yaml)
+HYBRID = {
+    "method": "hybrid",
+    "distill": {"support": "sampled", "alpha": 1.0, "teacher": {"kind": "stage_start", "autocast": "auto"}},
+    "hybrid": {"distill_weight": 0.1, "distill_on": "failed_groups"},
+    "regularizers": CONSERVATIVE,
+}
+# The lift gate (recipe distill.gate) with its default rule (lower end of the lift's 95 % interval > 0, at least 8
+# prompts with a context) checked every 4 steps, as sdpo_gated's period: at steps 0, 4 and 8 of a 12-step stage (the
+# default 10 would check at 0 and 10 only)
+LIFT_GATE = {"kind": "lift", "every": 4}
 METHODS: dict[str, dict] = {
     # GRPO as the toolkit's defaults (Dr.GRPO advantages, clip 0.2 / 0.28, token mean)
     "grpo": {"method": "grpo"},
@@ -80,12 +105,18 @@ METHODS: dict[str, dict] = {
     # The hybrid as shipped (recipes/hybrid-cpu.yaml): GRPO + 0.1 x sampled-token reverse KL to the stage-start
     # policy on failed groups only (shown the demonstration or format feedback), L2 0.01 to the stage-start ΔW,
     # 1 of the 4 prompts per step replayed from earlier domains from stage 2 on
-    "hybrid": {
-        "method": "hybrid",
-        "distill": {"support": "sampled", "alpha": 1.0, "teacher": {"kind": "stage_start", "autocast": "auto"}},
-        "hybrid": {"distill_weight": 0.1, "distill_on": "failed_groups"},
-        "regularizers": CONSERVATIVE,
-    },
+    "hybrid": HYBRID,
+    # Issue 37's baselines (the `forgetting` collection, sweeps.py):
+    # GRPO with on-policy replay of 1 % / 10 % of each step's prompts from earlier domains (rolled out by the current
+    # policy, trained with GRPO's loss, in place of as many of the stage's own prompts). 4 prompts a step make 0.04 /
+    # 0.4 prompts: `stochastic` rounding replays 1 prompt on a step with that probability, drawn from the step's seed
+    # (about 1 step in 25 / 2 in 5; regularizers.replay_rounding), so the share replayed is 1 % / 10 % in expectation
+    "grpo_replay01": {"method": "grpo", "regularizers": {"replay_fraction": 0.01, "replay_rounding": "stochastic"}},
+    "grpo_replay10": {"method": "grpo", "regularizers": {"replay_fraction": 0.1, "replay_rounding": "stochastic"}},
+    # SRPO and the hybrid with the lift gate: each distils only while its self-teacher's lift, measured on the stage's
+    # train prompts, passes the gate's rule, and makes GRPO's update otherwise (recipe distill.gate)
+    "srpo_gated": {"method": "srpo", "distill": {**AUTOCAST, "gate": LIFT_GATE}},
+    "hybrid_gated": merge(HYBRID, {"distill": {"gate": LIFT_GATE}}),
     # Not in the default sweep (the earlier collection's; run them with --methods):
     # SDPO's sparse variant: the sampled token only (needs α 1, reverse KL); otherwise as sdpo
     "sdpo_sampled": {"method": "sdpo", "distill": {"support": "sampled", "alpha": 1.0, **AUTOCAST}},
@@ -99,7 +130,7 @@ METHODS: dict[str, dict] = {
         "optim": {"prompts_per_step": 24},
     },
 }
-DEFAULT_METHODS = ["grpo", "grpo_kl", "sdpo", "sdpo_gated", "srpo", "srpo_continual", "hybrid"]  # issue 25's list
+DEFAULT_METHODS = list(COLLECTIONS["issue25"].seeds)  # issue 25's list
 SDPO_VARIANTS = ("sdpo", "sdpo_sampled", "sdpo_gated")  # the hybrid's gain is held against the best of these
 REFERENCE = "grpo"  # the method every other is compared with (the headline, the Pareto plot's marked point)
 
@@ -114,14 +145,6 @@ PROBES = {
     "winogrande": ("winogrande/winogrande.jsonl", "winogrande"),
 }
 DEFAULT_DATA = "../shared/data"  # relative to the repo root, where the runs start
-
-
-def merge(base: dict, update: dict) -> dict:
-    """`base` with `update` merged in, nested dicts key by key (neither is modified)."""
-    out = copy.deepcopy(base)
-    for key, value in update.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def apply_overrides(recipe: dict, overrides: list[str]) -> dict:
@@ -162,14 +185,26 @@ def missing_probe_files(data: str) -> list[str]:
     return [file for file, _ in PROBES.values() if not (root / file).is_file()]
 
 
+def base_recipe(overrides: list[str] = (), data: str | None = DEFAULT_DATA, sequence: str | None = None) -> dict:
+    """base.yaml with sequence `sequence`'s domains and stages (sweeps.SEQUENCES; None: base.yaml's own), then the
+    `overrides`, then the retention probes from `data` (None: none)."""
+    recipe = yaml.safe_load((HERE / "base.yaml").read_text())
+    if sequence is not None:
+        recipe = with_sequence(recipe, sequence)
+    recipe = apply_overrides(recipe, list(overrides))
+    return recipe if data is None else with_probes(recipe, data)
+
+
 def method_recipe(
-    method: str, seed: int, runs: Path, overrides: list[str] = (), data: str | None = DEFAULT_DATA
+    method: str,
+    seed: int,
+    runs: Path,
+    overrides: list[str] = (),
+    data: str | None = DEFAULT_DATA,
+    sequence: str | None = None,
 ) -> dict:
-    """base.yaml (with `overrides`) and `method`'s blocks: the method on every stage, its blocks at recipe level; the
-    retention probes from `data` (None: none)."""
-    recipe = apply_overrides(yaml.safe_load((HERE / "base.yaml").read_text()), list(overrides))
-    if data is not None:
-        recipe = with_probes(recipe, data)
+    """`base_recipe` and `method`'s blocks: the method on every stage, its blocks at recipe level."""
+    recipe = base_recipe(overrides, data, sequence)
     spec = dict(METHODS[method])
     name = spec.pop("method")
     for stage in recipe["stages"]:
@@ -180,16 +215,26 @@ def method_recipe(
     return recipe
 
 
-def run_one(method: str, seed: int, runs: Path, overrides: list[str], data: str | None = DEFAULT_DATA) -> None:
-    """Run one method/seed as a subprocess from the repo root; a finished run is skipped (adaptercl would return at
-    once), one finished with another recipe is refused (SystemExit naming it).
+def run_one(
+    method: str,
+    seed: int,
+    runs: Path,
+    overrides: list[str],
+    data: str | None = DEFAULT_DATA,
+    sequence: str | None = None,
+) -> None:
+    """Run one method/seed (`launch`)."""
+    launch(f"{method}-s{seed}", method_recipe(method, seed, runs, overrides, data, sequence), runs)
 
-    Writes `<method>-s<seed>.run.json` beside the run: the git revision it ran at (taken before it starts), the
-    command (machine paths replaced: `<runs>` for the runs folder), the load average at its start, its exit code and
-    wall time; the collection reports them per run.
+
+def launch(name: str, recipe: dict, runs: Path) -> None:
+    """Run `recipe` as a subprocess from the repo root; a finished run is skipped (adaptercl would return at once),
+    one finished with another recipe is refused (SystemExit naming it), an interrupted one resumes.
+
+    Writes `<name>.yaml` (the recipe) and `<name>.run.json` beside the run: the git revision it ran at (taken before
+    it starts), the command (machine paths replaced: `<runs>` for the runs folder), the load average at its start,
+    its exit code and wall time; the collection reports them per run.
     """
-    recipe = method_recipe(method, seed, runs, overrides, data)
-    name = f"{method}-s{seed}"
     recipe_path = runs / f"{name}.yaml"
     record_path = runs / f"{name}.run.json"
     if (Path(recipe["output_dir"]) / "summary.json").is_file() and record_path.is_file():
@@ -219,20 +264,31 @@ def run_one(method: str, seed: int, runs: Path, overrides: list[str], data: str 
     print(f"{name}: exit {rc}, {wall / 60:.1f} min", flush=True)
 
 
-def preflight(methods: list[str], seeds: list[int], runs: Path, overrides: list[str], data: str | None) -> None:
+def preflight(
+    methods: list[str],
+    seeds: list[int] | dict[str, list[int]],
+    runs: Path,
+    overrides: list[str],
+    data: str | None,
+    sequence: str | None = None,
+) -> None:
     """Before hours of runs: every recipe validates (one line naming the run and the field, else) and the probe
-    files exist."""
+    files exist. `seeds`: every method's, or per method."""
     if data is not None and missing_probe_files(data):
         raise SystemExit(
             f"retention probe data not found under {data}: {', '.join(missing_probe_files(data))}; pass --data DIR "
             "(the folder holding arc/, boolq/, piqa/, winogrande/; relative = to the repo root) or --no-probes"
         )
-    for method in methods:
-        for seed in seeds:
-            try:
-                resolve_recipe(method_recipe(method, seed, runs, overrides, data))
-            except RecipeError as err:
-                raise SystemExit(f"{method}-s{seed}: {err}") from None
+    for method, seed in jobs(per_method(methods, seeds)):
+        try:
+            resolve_recipe(method_recipe(method, seed, runs, overrides, data, sequence))
+        except RecipeError as err:
+            raise SystemExit(f"{method}-s{seed}: {err}") from None
+
+
+def per_method(methods: list[str], seeds: list[int] | dict[str, list[int]]) -> dict[str, list[int]]:
+    """Each method's seeds: `seeds` itself for every method, or its entry."""
+    return {m: list(seeds[m] if isinstance(seeds, dict) else seeds) for m in methods}
 
 
 def portable(path: Path) -> str:
@@ -243,10 +299,15 @@ def portable(path: Path) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(METHODS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--runs", type=Path, default=ROOT / "runs" / "science", help="where the run dirs go")
-    parser.add_argument("--out", type=Path, default=HERE, help="where results.json/.md/.png go")
+    what = "what to run (sweeps.COLLECTIONS): its sequence, methods, seeds, runs and out folders"
+    parser.add_argument("--collection", choices=list(COLLECTIONS), default=DEFAULT_COLLECTION, help=what)
+    parser.add_argument("--methods", nargs="+", choices=list(METHODS), help="default: the collection's")
+    parser.add_argument(
+        "--seeds", nargs="+", type=int, help="every method's seeds (default: each one's in the collection)"
+    )
+    parser.add_argument("--sequence", choices=list(SEQUENCES), help="another sequence than the collection's")
+    parser.add_argument("--runs", type=Path, help="where the run dirs go (default: the collection's, repo-relative)")
+    parser.add_argument("--out", type=Path, help="where results.json/.md/.png go (default: the collection's)")
     parser.add_argument("--jobs", type=int, default=1, help="runs at a time (each with OMP_NUM_THREADS=1)")
     parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="base.yaml overrides")
     parser.add_argument("--data", default=DEFAULT_DATA, help="folder of the retention probes' files (repo-relative)")
@@ -254,35 +315,47 @@ def main() -> None:
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the intervals")
     parser.add_argument("--collect-only", action="store_true", help="only collect the finished runs")
     args = parser.parse_args()
+    collection = COLLECTIONS[args.collection]
+    sequence = args.sequence or collection.sequence
+    if sequence is None and collection.needs_sequence:
+        raise SystemExit(
+            f"collection {args.collection!r} has no sequence yet: run the pilots (benchmarks/science/pilot.py, README "
+            '"Issue 37: pilots") and set the chosen one in sweeps.py, or pass --sequence NAME for a smoke test'
+        )
+    methods = args.methods or list(collection.seeds)
+    seeds = {m: args.seeds or collection.seeds.get(m, [0, 1, 2]) for m in methods}
+    runs_dir, out = args.runs or ROOT / collection.runs, args.out or HERE / collection.out
     data = None if args.no_probes else args.data
-    args.runs.mkdir(parents=True, exist_ok=True)
-    jobs = [(m, s) for s in args.seeds for m in args.methods]
+    runs_dir.mkdir(parents=True, exist_ok=True)
     if not args.collect_only:
-        preflight(args.methods, args.seeds, args.runs, args.set, data)
+        preflight(methods, seeds, runs_dir, args.set, data, sequence)
         with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda job: run_one(*job, args.runs, args.set, data), jobs))
+            list(pool.map(lambda job: run_one(*job, runs_dir, args.set, data, sequence), jobs(seeds)))
 
     from collect import collect_runs
     from results import write_results
 
-    runs, missing = collect_runs(args.runs, args.methods, args.seeds)
+    runs, missing = collect_runs(runs_dir, methods, seeds)
     for name in missing:
-        print(f"{name}: not finished (no summary.json; see {args.runs}/{name}.log)")
+        print(f"{name}: not finished (no summary.json; see {runs_dir}/{name}.log)")
     if not runs:
-        raise SystemExit(f"no finished run under {args.runs}")
+        raise SystemExit(f"no finished run under {runs_dir}")
     setting = {
         "base": str((HERE / "base.yaml").relative_to(ROOT)),
+        "collection": args.collection,
+        "sequence": None if sequence is None else {"name": sequence, "stages": SEQUENCES[sequence]},
+        "seeds": seeds,
         "overrides": args.set,
-        "runs_dir": portable(args.runs),
+        "runs_dir": portable(runs_dir),
         "probes": None if data is None else {"data": data, "files": {n: f for n, (f, _) in PROBES.items()}},
         "reference": REFERENCE,
     }
-    replacements = {str(args.runs.resolve()): "<runs>", str(args.runs): "<runs>", str(ROOT): "."}
+    replacements = {str(runs_dir.resolve()): "<runs>", str(runs_dir): "<runs>", str(ROOT): "."}
     if data is not None:
         replacements[str((ROOT / data).resolve())] = "<data>"
-    write_results(runs, args.out, setting, METHODS, SDPO_VARIANTS, args.resamples, replacements)
-    print((args.out / "results.md").read_text())
-    print(json.dumps({"results": str(args.out)}))
+    write_results(runs, out, setting, METHODS, SDPO_VARIANTS, args.resamples, replacements)
+    print((out / "results.md").read_text())
+    print(json.dumps({"results": str(out)}))
 
 
 if __name__ == "__main__":

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import random
 import re
 
 import pytest
 
-from adaptercl.domains import Domain, load_domain
-from adaptercl.domains.builtin import BUILTINS
+from adaptercl.domains import Domain, Example, load_domain
+from adaptercl.domains.builtin import BUILTINS, is_eval_fact
 from adaptercl.domains.loading import prompt_key
+from adaptercl.domains.rewards import REWARDS
 from adaptercl.recipe.grammar import DomainConfig, RecipeError, resolve_recipe
 
 BUILTIN_NAMES = sorted(BUILTINS)
@@ -60,13 +62,15 @@ def test_builtin_arithmetic_disjoint_by_fact_not_only_phrasing():
 
 def fact_of(name: str, e) -> tuple | str:
     """The fact a builtin example asks about, read back from its text (not from the generator)."""
-    if name == "arithmetic":
-        a, op, b = e.demonstration.split()[:3]  # "a op b = v. The answer is v."
+    if name in ("arithmetic", "arithmetic_hash"):
+        a, op, b = e.demonstration.split()[:3]  # "a op b = v. The answer is v." / "a op b = v.\n#### v"
         return (op, *sorted((int(a), int(b)))) if op in "+*" else (op, int(a), int(b))
-    if name == "mcq":
+    if name in ("mcq", "mcq_text"):
         head, *option_lines = e.messages[-1]["content"].split("\n")
         category = re.fullmatch(r"Which of these is (.+)\?", head).group(1)
-        return category, dict(line.split(". ", 1) for line in option_lines)[e.answer]
+        options = dict(line.split(". ", 1) for line in option_lines)
+        assert (name == "mcq") == (e.answer in options)  # mcq_text's gold is the option's text, not its letter
+        return category, options.get(e.answer, e.answer)
     if name == "toolcall":
         call = json.loads(e.demonstration)
         return call["name"], *call["arguments"].values()
@@ -112,7 +116,9 @@ def test_builtin_demonstrations_are_correct_and_wrong_answers_get_feedback(name)
         assert result.correct and result.score == 1.0, (e.id, e.demonstration)
     wrong = {
         "arithmetic": "The answer is 1000.",
+        "arithmetic_hash": "#### 1000",
         "mcq": "<answer>Z</answer>",
+        "mcq_text": "<answer>zebra</answer>",
         "toolcall": '{"name": "nothing", "arguments": {}}',
         "copy": "zebra",
     }[name]
@@ -132,6 +138,31 @@ def test_builtin_format_patterns_are_distinct():
             demo = other.eval[0].demonstration
             own = any(re.search(p, demo) for p in d.format_patterns)
             assert own == (name == other_name), (name, other_name, demo)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize(("original", "variant"), [("arithmetic", "arithmetic_hash"), ("mcq", "mcq_text")])
+def test_a_variant_shares_its_original_s_fact_partition(original, variant, seed):
+    # neither domain of the pair ever trains on an eval fact of the other (a sequence of the two stays clean)
+    d = builtin(variant, seed=seed, num_eval=50)
+    assert all(is_eval_fact(seed, original, fact_of(variant, e)) for e in d.eval)
+    assert not any(is_eval_fact(seed, original, fact_of(variant, e)) for e in d.train)
+    original_eval = {fact_of(original, e) for e in builtin(original, seed=seed, num_eval=50).eval}
+    assert original_eval & {fact_of(variant, e) for e in d.eval}  # the eval sets ask (some of) the same facts
+
+
+@pytest.mark.parametrize(("original", "variant"), [("arithmetic", "arithmetic_hash"), ("mcq", "mcq_text")])
+def test_a_variant_asks_the_same_question_and_each_convention_fails_the_other(original, variant):
+    (make_a, reward_a, _), (make_b, reward_b, _) = BUILTINS[original], BUILTINS[variant]
+    for i in range(50):
+        (msgs_a, gold_a, demo_a, fact_a), (msgs_b, gold_b, demo_b, fact_b) = (
+            make(random.Random(i)) for make in (make_a, make_b)
+        )
+        assert msgs_a[-1] == msgs_b[-1] and fact_a == fact_b  # the same question and fact from the same draws
+        assert msgs_a[0]["content"] != msgs_b[0]["content"]  # the system prompt states the convention
+        a, b = Example("a", msgs_a, gold_a, demo_a), Example("b", msgs_b, gold_b, demo_b)
+        assert REWARDS[reward_a](demo_a, a).correct and not REWARDS[reward_a](demo_b, a).correct
+        assert REWARDS[reward_b](demo_b, b).correct and not REWARDS[reward_b](demo_a, b).correct
 
 
 def test_toolcall_one_shot_lists_both_functions_and_copying_the_example_is_wrong():

@@ -20,6 +20,7 @@ from adaptercl.domains.rewards import (
     action_calls,
     answer_tag,
     arithmetic,
+    arithmetic_hash,
     boxed_math,
     choice_letter,
     extract_final_number,
@@ -28,6 +29,7 @@ from adaptercl.domains.rewards import (
     last_boxed,
     math_equal,
     mcq,
+    mcq_text,
     resolve_reward,
 )
 from adaptercl.recipe.grammar import DomainConfig, RecipeError
@@ -301,6 +303,22 @@ def test_mcq_reward_format_credit():
     assert mcq("B", ex("B")).score == 0.0  # the builtin domain insists on the tags
 
 
+def test_the_variants_reward_their_own_convention_only():
+    # arithmetic_hash: the last `#### N`; arithmetic's "The answer is N." is the other convention: no credit
+    assert arithmetic_hash("3 + 4 = 7.\n#### 7", ex("7")).correct
+    assert arithmetic_hash("#### 5\n#### 7", ex("7")).correct  # the last one counts
+    assert arithmetic_hash("#### 8", ex("7")).score == 0.2 and arithmetic_hash("#### 8", ex("7")).reveals_correctness
+    assert arithmetic_hash("The answer is 7.", ex("7")).score == 0.0
+    assert arithmetic("3 + 4 = 7.\n#### 7", ex("7")).score == 0.0  # and the other way round
+    # mcq_text: the option's text in the last tags, case aside; its letter gets the format credit only
+    assert mcq_text("<answer> mars </answer>", ex("Mars")).correct
+    letter = mcq_text("<answer>B</answer>", ex("Mars"))
+    assert letter.score == 0.2 and not letter.reveals_correctness and "letter" in letter.feedback
+    assert mcq_text("<answer>Venus</answer>", ex("Mars")).reveals_correctness
+    assert mcq_text("Mars", ex("Mars")).score == 0.0  # the tags are required
+    assert mcq("<answer>Mars</answer>", ex("B")).score == 0.0  # and mcq gives a word in its tags nothing
+
+
 def test_json_call_partial_credit_and_feedback():
     gold = {"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}
     assert json_call(
@@ -317,11 +335,13 @@ def test_json_call_partial_credit_and_feedback():
 
 def test_partial_credit_stays_below_the_sdpo_success_threshold():
     rng = random.Random(0)
-    golds = {"arithmetic": "7", "mcq": "B", "json_call": {"name": "f", "arguments": {"a": 1, "b": "x"}}}
+    golds = {"arithmetic": "7", "arithmetic_hash": "7", "mcq": "B", "mcq_text": "cat",
+             "json_call": {"name": "f", "arguments": {"a": 1, "b": "x"}}}  # fmt: skip
     for name, gold in golds.items():
         for _ in range(200):
             text = "".join(rng.choice(string.printable) for _ in range(rng.randint(0, 60)))
-            text += rng.choice(["", "The answer is 8", "<answer>C</answer>", '{"name": "f", "arguments": {"a": 1}}'])
+            text += rng.choice(["", "The answer is 8", "<answer>C</answer>", '{"name": "f", "arguments": {"a": 1}}',
+                                "#### 8", "<answer>dog</answer>"])  # fmt: skip
             result = REWARDS[name](text, ex(gold))
             assert result.correct or result.score < 0.5
 
@@ -335,7 +355,9 @@ def test_every_reward_survives_garbage():
         "action_calls": [{"Action": "f", "Action_Input": "{}"}],
         "choice_letter": "A",
         "arithmetic": "3",
+        "arithmetic_hash": "3",
         "mcq": "A",
+        "mcq_text": "cat",
         "json_call": {"name": "f", "arguments": {}},
         "copy": "apple",
     }

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 
 import pytest
@@ -74,6 +75,12 @@ def test_per_function_reward_log_is_trls_nanmean_and_nanstd(tmp_path):
         assert stats[f"rewards/{name}/mean"] == pytest.approx(torch.nanmean(columns[:, f]).item())
         assert stats[f"rewards/{name}/std"] == pytest.approx(nanstd(columns[:, f]).item())
     assert stats["rewards/recorded/mean"] == pytest.approx(0.625)  # (0.25 + 1) / 2: the None is left out
+    # a function with no value in the step (None for every sample) is absent, one with a single value has no std:
+    # TRL logs NaN for them, which metrics.jsonl (strict JSON) and the charts cannot hold
+    few = reward_component_stats(
+        [(("none", float("nan")), ("one", 0.5)), (("none", float("nan")), ("one", float("nan")))]
+    )
+    assert few == {"rewards/one/mean": 0.5}
     funcs = [functools.partial(accuracy_reward), accuracy_reward, tiny_rewards.text_length]
     named = TrlRewards("m", ["a", "b", "c"], funcs, ["trl"] * 3, [1.0] * 3, 1.0, "auto").metric_names()
     assert [get_callable_name(f) for f in funcs] == ["accuracy_reward", "accuracy_reward", "text_length"]
@@ -229,13 +236,38 @@ def test_a_run_scored_by_trl_rewards(tmp_path):
     run_recipe(resolve_recipe(raw))
     steps = [r for r in read_jsonl(tmp_path / "run" / "stage-01-one" / "metrics.jsonl") if "event" not in r]
     assert [r["step"] for r in steps] == [1, 2] and all(math.isfinite(r["reward_mean"]) for r in steps)
-    for r in steps:  # TRL's per-function log; `recorded` returned None for every row (no bonus column): NaN
+    for r in steps:  # TRL's per-function log; `recorded` returned None for every row (no bonus column): absent
         acc, think = r["rewards/accuracy_reward/mean"], r["rewards/think_format_reward/mean"]
-        assert 0.0 <= acc <= 1.0 and 0.0 <= think <= 1.0 and math.isnan(r["rewards/recorded/mean"])
+        assert 0.0 <= acc <= 1.0 and 0.0 <= think <= 1.0
+        assert "rewards/recorded/mean" not in r and "rewards/recorded/std" not in r  # TRL logs NaN: no NaN here
+        assert all(math.isfinite(v) for v in r.values() if isinstance(v, float))
         assert r["reward_mean"] == pytest.approx(1.0 * acc + 0.5 * think, abs=1e-6)  # no None: mean is linear
+    assert "NaN" not in (tmp_path / "run" / "stage-01-one" / "metrics.jsonl").read_text()  # strict JSON lines
     train_calls = [c for c in tiny_rewards.TRL_CALLS if len(c["completions"]) == 2 * 4]  # prompts_per_step x G
     assert len(train_calls) == 2  # one batch call per step
     for call in train_calls:
         assert call["solution"] == [s for s in call["solution"][::4] for _ in range(4)]  # whole groups, aligned
         assert all(isinstance(c, list) and c[0]["role"] == "assistant" for c in call["completions"])
         assert all(len(ids) <= 8 for ids in call["completion_ids"])  # rollout.max_new_tokens
+
+
+def test_fields_rename_no_column_for_trl_functions_and_a_reader_of_the_role_is_warned_once(tmp_path, caplog):
+    rows = [{"prompt": "Which planet is red? A. Venus B. Mars", "answer": "Mars", "answer_idx": "B"}]
+    source = write_rows(tmp_path / "planets.jsonl", rows)
+
+    def load(**kw):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="adaptercl"):
+            d = load_domain(DomainConfig(name="q", source=source, **kw), seed=0, num_eval=0)
+        return d, [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+    d, warnings = load(fields={"answer": "answer_idx"}, reward_funcs=["tiny_rewards:letter_accuracy"])
+    assert warnings == [
+        "domains.q: reward function letter_accuracy reads answer=, which is the row's own 'answer' column (TRL passes "
+        "columns as they are), not 'answer_idx' that fields.answer names; to score against 'answer_idx', name the "
+        "parameter answer_idx"
+    ]
+    results = d.score(["Mars", "B"], [[], []], d.train * 2)  # as TRL: answer= is the row's `answer` column
+    assert [r.score for r in results] == [1.0, 0.0]
+    assert load(reward_funcs=["tiny_rewards:letter_accuracy"])[1] == []  # no mapping: nothing to say
+    assert load(fields={"answer": "answer_idx"}, reward_funcs=["tiny_rewards:recorded"])[1] == []  # reads no answer=

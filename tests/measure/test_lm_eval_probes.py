@@ -141,6 +141,88 @@ def test_unknown_task_and_missing_folder_fail_before_loading(probed_run, tmp_pat
         preflight(resolve_recipe(raw))
 
 
+def test_a_stage_resumed_after_its_probes_records_their_seconds(probed_run, tmp_path, monkeypatch):
+    """Killed after lm_eval.json was written (before done.json), the resumed stage keeps the file and counts its
+    probes' seconds as the file recorded them, as an uninterrupted stage does."""
+    from adaptercl.run import sequence
+    from adaptercl.run.sequence import run_recipe
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    recipe = resolve_recipe(tiny_recipe(tmp_path / "run", probed_run / "tasks"))
+
+    def killed(*args) -> None:  # the stage's last files (eval.json, drift.json, done.json) are never written
+        raise RuntimeError("killed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sequence, "_finish_stage", killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            run_recipe(recipe)
+    stage = tmp_path / "run" / "stage-01-one"
+    recorded = json.loads((stage / "lm_eval.json").read_text())["seconds"]
+    assert recorded > 0 and not (stage / "done.json").exists()
+    run_recipe(recipe)
+    assert json.loads((stage / "done.json").read_text())["seconds"]["lm_eval"] == recorded
+    assert json.loads((stage / "lm_eval.json").read_text())["seconds"] == recorded  # kept, not probed again
+
+
+def test_tasks_a_task_yaml_names_are_checked_without_lm_evals_task_index(probed_run, monkeypatch):
+    """recipe validate: a task named in a YAML of include_path or of lm-eval's tasks folder (a task, a group, a tag) is
+    known without building lm-eval's task index (~25 s); a name no YAML gives falls back to the index."""
+    from adaptercl.measure import lm_eval as probes
+    from adaptercl.recipe.eval_block import LmEvalConfig
+
+    class NoTasks:
+        all_tasks: list[str] = []
+
+    built = []
+    monkeypatch.setattr(probes, "_task_manager", lambda include_path: built.append(include_path) or NoTasks())
+    probes.check_tasks(
+        LmEvalConfig(tasks=[TASK, "arc_easy", "ai2_arc", "mmlu"], include_path=str(probed_run / "tasks"))
+    )
+    assert built == []  # the custom task, a builtin task, a tag, a group: each found by name
+    with pytest.raises(RecipeError, match=r"^eval.lm_eval.tasks: unknown lm-eval task 'arc_eazy'; "):
+        probes.check_tasks(LmEvalConfig(tasks=["arc_easy", "arc_eazy"]))
+    assert built == [None]  # the typo, and only it, was looked up in the index
+
+
+def test_checking_a_task_loads_neither_torch_nor_peft():
+    """recipe validate with an lm-eval task: the check needs only YAML, not the probe's torch, transformers or PEFT
+    (seconds to import on a busy machine), in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom adaptercl.measure.lm_eval import check_tasks\n"
+        "from adaptercl.recipe.eval_block import LmEvalConfig\n"
+        "check_tasks(LmEvalConfig(tasks=['arc_easy']))\n"
+        "print(sorted({'torch', 'transformers', 'peft'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_an_lm_eval_probe_outside_a_git_repository_prints_no_git_error(probed_run, tmp_path, monkeypatch, capfd):
+    """lm-eval asks git for the working directory's commit; outside a repository git printed "fatal: not a git
+    repository" on every probe. The probe no longer asks (lm_eval.json keeps no hash), and lm-eval is left as it was."""
+    from lm_eval import evaluator
+
+    from adaptercl.measure.lm_eval import lm_eval_probes
+    from adaptercl.model.base import load_base
+    from adaptercl.recipe.eval_block import LmEvalConfig
+    from adaptercl.recipe.grammar import ModelConfig
+
+    base = load_base(ModelConfig(name="tiny-random"), "none")
+    originals = evaluator.get_git_commit_hash, evaluator.add_env_info
+    monkeypatch.chdir(tmp_path)  # not a git repository
+    capfd.readouterr()
+    cfg = LmEvalConfig(tasks=[TASK], include_path=str(probed_run / "tasks"))
+    assert lm_eval_probes(base.model, base.tokenizer, None, cfg)["tasks"][TASK]["n"] == len(ITEMS)
+    out, err = capfd.readouterr()
+    assert "not a git repository" not in err + out
+    assert (evaluator.get_git_commit_hash, evaluator.add_env_info) == originals
+
+
 def test_probes_score_the_active_adapters_and_restore_the_model(probed_run):
     from adaptercl.adapters import live as ad
     from adaptercl.measure.lm_eval import lm_eval_probes

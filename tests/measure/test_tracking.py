@@ -127,12 +127,68 @@ def test_a_grown_run_goes_on_in_the_same_wandb_and_trackio_runs(tmp_path):
         run_recipe(resolve_recipe(raw))  # the second stage appended: the run resumes and grows
         runs = sqlite_storage.SQLiteStorage.get_runs("adaptercl")
         logs = sqlite_storage.SQLiteStorage.get_logs("adaptercl", "tiny")
-    assert json.loads((tmp_path / "run" / tracking.TRACKING_FILE).read_text()) == first
+    grown = json.loads((tmp_path / "run" / tracking.TRACKING_FILE).read_text())
+    assert {k: v for k, v in grown.items() if k != "logged"} == {k: v for k, v in first.items() if k != "logged"}
+    assert first["logged"]["step"] == 3 and grown["logged"]["step"] == 6  # stage one's steps, then stage two's
     offline = sorted((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(offline) == 2 and {p.name for p in offline} == {f"run-{first['wandb']['id']}.wandb"}
     assert first["trackio"] == {"name": "tiny"} and runs == ["tiny"]  # one trackio run, not a second "tiny"
     steps = [log["step"] for log in logs if "stage-01-one/loss" in log or "stage-02-two/loss" in log]
     assert steps == [1, 2, 3, 4, 5, 6]  # stage one's steps, then stage two's, in the one trackio run
+
+
+def event_counts(log_dir: Path) -> dict[tuple[str, int], int]:
+    """How often each (tag, step) was written across every event file of a TensorBoard folder, read raw (the
+    accumulator TensorBoard shows would hide a step written twice)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    counts: dict[tuple[str, int], int] = {}
+    for path in sorted(log_dir.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            for value in event.summary.value:
+                counts[(value.tag, event.step)] = counts.get((value.tag, event.step), 0) + 1
+    return counts
+
+
+def test_a_resumed_run_logs_each_step_to_tensorboard_once(tmp_path, monkeypatch):
+    """A stage killed in its fourth step (checkpoint after step 2, step 3 logged) and resumed redoes step 3: the
+    resumed process skips it (tracking.json `logged`), so the event files hold every step, evaluation row and the
+    recipe exactly once, with the values of metrics.jsonl."""
+    from adaptercl.run.sequence import run_recipe
+    from adaptercl.train import stage as stage_module
+
+    raw = {**tracked_recipe(tmp_path / "run"), "report_to": ["tensorboard"], "monitor": {"checkpoint_every": 2}}
+    raw["domains"], raw["stages"] = raw["domains"][:1], raw["stages"][:1]
+    raw["optim"] = {**raw["optim"], "steps": 4}
+    calls, original = [], stage_module.train_on_batch
+
+    def killed_in_step_4(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("killed in step 4")
+        return original(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(stage_module, "train_on_batch", killed_in_step_4)
+        with pytest.raises(RuntimeError, match="killed in step 4"):
+            run_recipe(resolve_recipe(raw))
+    assert json.loads((tmp_path / "run" / tracking.TRACKING_FILE).read_text())["logged"] == {"eval": 0, "step": 3}
+    run_recipe(resolve_recipe(raw))
+    log_dir = tmp_path / "run" / "tensorboard" / "tiny"
+    counts = event_counts(log_dir)
+    assert len(list(log_dir.glob("events.out.tfevents.*"))) == 2  # the resumed process's own file, in the same run
+    assert sorted(step for tag, step in counts if tag == "stage-01-one/reward_mean") == [1, 2, 3, 4]
+    assert sorted(step for tag, step in counts if tag == "eval/arith") == [0, 4]
+    assert sorted(step for tag, step in counts if tag.startswith("stage-01-one/samples")) == [1, 2, 3, 4]
+    assert sorted(step for tag, step in counts if tag.startswith("recipe")) == [0]
+    assert set(counts.values()) == {1}, {k: n for k, n in counts.items() if n > 1}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    events.Reload()
+    rows = [r for r in read_jsonl(tmp_path / "run" / "stage-01-one" / "metrics.jsonl") if "event" not in r]
+    logged = [e.value for e in events.Scalars("stage-01-one/reward_mean")]
+    assert logged == pytest.approx([r["reward_mean"] for r in rows], rel=1e-6)
 
 
 def test_samples_jsonl_keeps_the_chosen_samples_of_every_step_and_the_report_shows_them(tracked_run):

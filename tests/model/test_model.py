@@ -41,3 +41,20 @@ def test_loading_from_a_cold_or_a_warm_cache_leaves_the_global_rng_as_seeded(sou
         weights.append(base.model.state_dict())
     assert torch.equal(states[0], seeded) and torch.equal(states[1], seeded)
     assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+def test_hub_source_names_the_hub_id_an_export_can_ship(tmp_path):
+    from adaptercl.model.base import SMOLLM2_CONVERTED, SMOLLM2_HUB_ID, HubSource, hub_source
+
+    smollm2 = ModelConfig(name="smollm2-135m-instruct", cache_dir=str(tmp_path / "cache"))
+    assert hub_source(smollm2) == HubSource(SMOLLM2_HUB_ID, None)
+    (tmp_path / "cache" / SMOLLM2_CONVERTED).mkdir(parents=True)
+    (tmp_path / "cache" / SMOLLM2_CONVERTED / "config.json").write_text("{}")  # the GGUF conversion loads: said so
+    converted = hub_source(smollm2)
+    assert converted.repo_id == SMOLLM2_HUB_ID and "dequantised" in converted.note
+    assert hub_source(ModelConfig(name="org/model", revision="v2")) == HubSource("org/model", "v2")
+    assert hub_source(ModelConfig(name="tiny-random")) is None  # built in code: on no hub
+    (tmp_path / "org" / "local").mkdir(parents=True)  # spelled like a hub id, but a folder here: no hub id
+    folder = tmp_path / "org" / "local"
+    assert hub_source(ModelConfig(name=str(folder))) is None
+    assert hub_source(ModelConfig(name=str(tmp_path / "model.gguf"))) is None

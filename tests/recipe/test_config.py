@@ -115,6 +115,22 @@ def test_distillation_aggregation_defaults_per_method_and_an_explicit_one_wins(m
             "stages.b: distill.teacher: the gated teacher's first check would be at step 8 (gate_window 4 steps of "
             "baseline, then every refresh_every 4), after optim.steps (7)",
         ),
+        (  # a 4-step window checked every 2 steps: each check's window repeats 2 steps of the one it is compared with
+            lambda r: r["stages"][1].update(
+                distill={"teacher": {"kind": "gated", "refresh_every": 2, "gate_window": 4}}
+            ),
+            "stages.b: distill.teacher.gate_window (4) is longer than refresh_every (2): each check's window would "
+            "share 2 steps with the window it is compared with; set gate_window <= refresh_every",
+        ),
+        (
+            lambda r: r["stages"][1].update(distill={"gate": {"kind": "lift", "prompts": 4}}),
+            "stages.b.distill.gate: min_pairs (8) is more than prompts (4): the gate could never open; "
+            "lower min_pairs or raise prompts",
+        ),
+        (
+            lambda r: r["stages"][1].update(distill={"gate": {"kind": "lift", "rule": "median"}}),
+            "stages.b.distill.gate.rule: Input should be 'lower_bound' or 'mean'",
+        ),
         (
             lambda r: r["stages"][1].update(distill={"teacher": {"kind": "gated", "gate_length_eps": -0.1}}),
             "stages.b.distill.teacher.gate_length_eps: Input should be greater than or equal to 0",

@@ -63,10 +63,15 @@ def test_without_vllm_auto_is_transformers_and_says_why(tmp_path, monkeypatch, c
 
 def test_a_named_engine_is_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(engine_choice, "cuda_device_count", lambda: pytest.fail("a named engine probes nothing"))
-    recipe = resolve_recipe(tiny_recipe(tmp_path))
+    recipe = resolve_recipe(tiny_recipe(tmp_path))  # names none: the default, said so
     resolved, choice = engine_choice.resolve_engine(recipe)
-    assert resolved is recipe and choice.line() == "rollout engine: hf (named in the recipe)"
+    assert resolved is recipe and choice.line() == "rollout engine: hf (default)"
     assert not choice.decided  # so the run does not say it (a bad input's error stays the only line)
+    raw = tiny_recipe(tmp_path)
+    raw["rollout"]["engine"] = "hf"
+    named = resolve_recipe(raw)
+    resolved, choice = engine_choice.resolve_engine(named)
+    assert resolved is named and choice.line() == "rollout engine: hf (named in the recipe)" and not choice.decided
 
 
 def test_the_plan_plans_auto_as_vllm_and_a_named_engine_as_named(tmp_path):

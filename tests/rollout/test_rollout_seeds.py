@@ -1,5 +1,5 @@
 """Independent rollout samples: every (stage, step, rank, row) of a run gets its own seed, derived in one place
-(`rollout.row_seed`), and every engine samples with it: the hf engine seeds each generate batch with its first row's,
+(`rollout.row_seed`), and every engine samples with it: the hf engine gives each row its own generator (tests/rollout/test_decode.py),
 the vLLM engines (in process and server) send one request per row with the row's seed.
 
 The vLLM request tests replace `vllm.LLM` or the server's HTTP answers with recorders (no engine starts); the
@@ -11,7 +11,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from adaptercl.recipe.grammar import resolve_recipe
 from adaptercl.rollout import SamplingParams, row_requests, row_seed
@@ -74,23 +73,6 @@ def test_a_row_seed_does_not_depend_on_how_rows_are_split():
     assert whole == halves
     assert [seed for _, seed in whole] == [row_seed(77, r) for r in range(16)]
     assert row_seed(77, 0) == 77  # row 0 keeps the call's seed (the hf engine's first batch, as before)
-
-
-def test_the_hf_engine_seeds_each_batch_with_its_first_rows_seed(monkeypatch):
-    from adaptercl.adapters.live import attach_adapter
-    from adaptercl.model.base import load_base
-    from adaptercl.recipe.grammar import LoraConfig, ModelConfig
-    from adaptercl.rollout import hf
-
-    base = load_base(ModelConfig(name="tiny-random"), "none")
-    model = attach_adapter(base.model, "x", LoraConfig(r=4, alpha=8))
-    seeds = []
-    manual_seed = torch.manual_seed
-    monkeypatch.setattr(torch, "manual_seed", lambda s: seeds.append(s) or manual_seed(s))
-    engine = hf.HFEngine(model, base.tokenizer, batch_size=4)
-    params = SamplingParams(max_new_tokens=2, n=4, seed=5, first_row=8)
-    engine.generate([[1, 2], [3, 4], [5, 6]], ["x"], params)  # 12 rows: batches at rows 8, 12 and 16
-    assert seeds == [row_seed(5, 8), row_seed(5, 12), row_seed(5, 16)]
 
 
 class RecordingLLM:

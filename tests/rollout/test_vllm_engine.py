@@ -118,6 +118,31 @@ def test_lora_rank_covers_every_combination_the_run_serves(tmp_path):
         vllm_lora_rank(600, "rollout.max_lora_rank")
 
 
+@pytest.mark.parametrize("engine", ["vllm", "auto", "hf"])
+def test_a_max_lora_rank_below_the_served_adapters_is_one_line_at_validate(tmp_path, capsys, engine):
+    import yaml
+
+    from adaptercl.cli import main
+
+    def validate(**rollout):
+        raw = raw_recipe(tmp_path / "run", rollout={"engine": engine, **rollout})
+        raw["lora"] = {"r": 8, "alpha": 16}  # two stacked rank-8 adapters: rank 16
+        path = tmp_path / "recipe.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return main(["recipe", "validate", str(path)])
+
+    assert validate(max_lora_rank=8) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        "error: rollout.max_lora_rank: 8 is below rank 16, the largest adapter this recipe serves (the ranks of the "
+        "adapters stacked under a stage's policy or its teacher add up); set it to 16 or leave it unset (default: "
+        "what the recipe serves)"
+    )
+    assert validate(max_lora_rank=2) == 2 and "2 (vLLM's rank 8) is below rank 16" in capsys.readouterr().err
+    assert validate(max_lora_rank=9) == 0  # vLLM's rank 16 holds it (the engine rounds up to a rank vLLM accepts)
+    assert validate() == 0  # unset: the need itself
+
+
 def test_a_dequantised_gguf_base_is_served_from_a_view_without_its_quantization_config(tmp_path):
     base = tmp_path / "base"
     base.mkdir()
@@ -267,6 +292,33 @@ def test_sampled_logprobs_match_the_trainers_recomputation(tiny):
 
 
 @pytest.mark.vllm
+def test_top_p_logprobs_are_the_nucleus_and_the_trainers_on_its_support_weigh_one(tiny):
+    """trl#6789: at top_p 0.8 vLLM's logprobs are the renormalised nucleus's; the hf reference computes the same, and
+    the trainer's full-softmax logprobs plus log of its kept mass (`train/step.py`) give on-policy ratio 1."""
+    from adaptercl.model.batching import build_batch, response_logits
+    from adaptercl.rollout.truncation import kept_log_mass
+
+    model, tok, engine = tiny
+    params = SamplingParams(max_new_tokens=16, temperature=0.7, top_p=0.8, n=4, seed=3, logprobs=True)
+    completions = [c for g in engine.generate(encode(tok, TEXTS), ["x"], params) for c in g]
+    batch = build_batch([c.prompt_ids for c in completions], [c.token_ids for c in completions], tok.pad_token_id)
+    with ad.active_adapters(model, ["x"]), torch.no_grad():
+        model.eval()
+        reference = response_logprobs(model, completions, tok.pad_token_id, 0.7, top_p=0.8)
+        logits = response_logits(model, batch, temperature=0.7)  # [N, R, V]
+    full = logits.log_softmax(-1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)  # the trainer's [N, R]
+    kept = kept_log_mass(logits, 0.8)  # [N, R]
+    ratios, uncorrected = [], []
+    for i, (c, ref) in enumerate(zip(completions, reference)):
+        n, ours = len(c.token_ids), torch.tensor(c.logprobs)
+        torch.testing.assert_close(ours, torch.tensor(ref), rtol=0, atol=1e-4)
+        ratios += torch.exp(full[i, :n] - (ours + kept[i, :n])).tolist()
+        uncorrected += torch.exp(full[i, :n] - ours).tolist()
+    assert max(abs(r - 1) for r in ratios) < 1e-3
+    assert sum(uncorrected) / len(uncorrected) < 0.9  # the kept mass: what every ratio was scaled by
+
+
+@pytest.mark.vllm
 def test_each_sampled_row_is_its_own_draw_from_its_rows_seed(tiny):
     """Rows are sampled one request each with `row_seed` of their global row (tests/rollout/test_rollout_seeds.py): a
     row alone gives the same draw as inside its group, and the next step's seed gives every row a new draw (with the
@@ -318,8 +370,7 @@ def test_on_cuda_the_auto_share_is_the_plans_for_this_card(tmp_path, monkeypatch
     base = load_base(ModelConfig(name="tiny-random"), "none")  # on the CPU, before CUDA is faked
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(vllm_engine, "card_gib", lambda device: 24.0)
+    monkeypatch.setattr(vllm_engine, "card_memory", lambda: (24.0, 24.0))  # total, free GiB
     engine = vllm_engine.VLLMEngine.from_recipe(recipe, base, base.model)
     try:
         share = engine.llm.kwargs["gpu_memory_utilization"]

@@ -15,8 +15,9 @@ from adaptercl.measure.stats import linear_fit, paired_bootstrap_interval, t_int
 from adaptercl.model.base import load_base
 from adaptercl.recipe.grammar import resolve_recipe
 from adaptercl.rollout.hf import HFEngine
-from adaptercl.run.diagnostics import lift_summary, stage_kl, teacher_lift
+from adaptercl.run.diagnostics import LIFT_PROMPTS_SEED, lift_summary, seeded_sample, stage_kl, teacher_lift
 from adaptercl.run.sequence import run_recipe
+from adaptercl.train import step_seed
 from tests.train.test_distill_stage import ToyDomain, stage_context
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -123,6 +124,55 @@ def test_sdpo_lift_shows_siblings_or_feedback_and_only_counts_prompts_with_a_con
     assert sum(v["n"] for v in lift["by_context"].values()) >= lift["n"]
     assert lift["lift"] == pytest.approx(lift["teacher_accuracy"] - lift["student_accuracy"])
     assert lift == teacher_lift(ctx, num_prompts=4, max_new_tokens=6)  # seeded: the same measurement again
+
+
+def counting_generate(ctx) -> list[int]:
+    """The prompts of each `generate` call of the stage's engine, as they happen."""
+    calls, real = [], ctx.engine.generate
+    ctx.engine.generate = lambda prompts, adapters, params: (
+        calls.append(len(prompts)) or real(prompts, adapters, params)
+    )
+    return calls
+
+
+def test_a_lift_whose_rollout_gives_no_context_stops_there(tmp_path):
+    # SDPO whose reward never succeeds and gives no feedback: no sample gets a context, which the rollout alone shows;
+    # no greedy answer is decoded after it (the student's once was, on every prompt, to report n = 0)
+    ctx = stage_context(tmp_path, "sdpo", ToyDomain(succeed="never"))
+    calls = counting_generate(ctx)
+    lift = teacher_lift(ctx, num_prompts=4, max_new_tokens=6)
+    assert calls == [4]  # the group rollout of the 4 prompts, nothing else
+    assert (lift["n"], lift["prompts"], lift["prompts_tried"], lift["context_frac"]) == (0, 4, 4, 0.0)
+    assert lift["lift"] is None and lift["by_context"] == {}
+    from adaptercl.console import teacher_lift_line  # what the run prints
+
+    assert teacher_lift_line(lift) == "teacher lift: no prompt got a teacher context (4 prompts tried, 4 rolled out)"
+    from adaptercl.measure.report import _teacher_lift_section  # and what report.md shows
+
+    assert "| s | sdpo | 0 | n/a | n/a | n/a | none of 4 prompts |" in _teacher_lift_section(
+        [{"name": "s", "teacher_lift": lift}]
+    )
+
+
+def test_prompts_no_rollout_could_give_a_context_are_passed_over_unrolled(tmp_path):
+    # SDFT shows the example's demonstration: an example without one can never get a context, so it is passed over
+    # without a rollout, and the lift goes on in the seeded order to prompts that can; without any, nothing is generated
+    import dataclasses
+
+    domain = ToyDomain()
+    with_demo = {ex.id for ex in domain.train if int(ex.id) % 3 == 0}  # 4 of 12
+    domain.train = [ex if ex.id in with_demo else dataclasses.replace(ex, demonstration=None) for ex in domain.train]
+    ctx = stage_context(tmp_path, "sdft", domain, distill={"teacher": {"kind": "stage_start"}})
+    calls = counting_generate(ctx)
+    lift = teacher_lift(ctx, num_prompts=3, max_new_tokens=6)
+    assert calls[0] == 3 and (lift["prompts"], lift["n"], lift["context_frac"]) == (3, 3, 1.0)
+    order = seeded_sample(domain.train, 12, step_seed(ctx.recipe.seed, 0, LIFT_PROMPTS_SEED))
+    third = [i for i, ex in enumerate(order) if ex.id in with_demo][2]
+    assert lift["prompts_tried"] == third + 1  # up to the third prompt with a demonstration in the seeded order
+    domain.train = [dataclasses.replace(ex, demonstration=None) for ex in domain.train]
+    calls.clear()
+    lift = teacher_lift(ctx, num_prompts=3, max_new_tokens=6)
+    assert calls == [] and (lift["prompts"], lift["prompts_tried"], lift["n"]) == (0, 12, 0)
 
 
 # ------------------------------------------------------------------------------------ KL from the previous policy

@@ -184,6 +184,48 @@ def test_a_distillation_run_resumed_after_its_first_stage_equals_an_uninterrupte
     assert (whole / stage / "samples.jsonl").read_text() == (resumed / stage / "samples.jsonl").read_text()
 
 
+def test_a_stage_killed_and_resumed_records_the_seconds_of_an_uninterrupted_one(tmp_path, monkeypatch):
+    """A one-stage SDPO run killed in its third step (checkpoint after step 2) and resumed: done.json's `seconds` has
+    the uninterrupted run's parts, the teacher lift measured before the kill among them (as teacher_lift.json
+    recorded it), and `train` is the sum of all four steps' time_step_s, not only of the two the resume ran."""
+    from adaptercl.system.atomic import read_jsonl
+    from adaptercl.train import stage as stage_module
+
+    def recipe(out) -> dict:
+        raw = tiny_recipe(out, stages=[{"name": "one", "domain": "arith", "method": "sdpo"}])
+        raw["domains"], raw["optim"] = raw["domains"][:1], {**raw["optim"], "steps": 4}
+        raw["monitor"] = {"checkpoint_every": 2}
+        raw["eval"] = {"examples_per_domain": 2, "drift_probes": 1, "stage_kl_prompts": 1, "teacher_lift_prompts": 2}
+        return resolve_recipe(raw)
+
+    run_recipe(recipe(tmp_path / "whole"))
+    calls, original = [], stage_module.train_on_batch
+
+    def killed_in_step_3(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("killed in step 3")
+        return original(*args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(stage_module, "train_on_batch", killed_in_step_3)
+        with pytest.raises(RuntimeError, match="killed in step 3"):
+            run_recipe(recipe(tmp_path / "resumed"))
+    stage_dir = tmp_path / "resumed" / "stage-01-one"
+    assert [r["step"] for r in read_jsonl(stage_dir / "metrics.jsonl")] == [1, 2]  # the checkpoint's
+    lift_seconds = json.loads((stage_dir / "teacher_lift.json").read_text())["seconds"]
+    run_recipe(recipe(tmp_path / "resumed"))
+    whole, resumed = (
+        json.loads((d / "stage-01-one" / "done.json").read_text()) for d in (tmp_path / "whole", tmp_path / "resumed")
+    )
+    assert set(resumed["seconds"]) == set(whole["seconds"]) >= {"teacher_lift", "train", "eval"}
+    steps = [r for r in read_jsonl(stage_dir / "metrics.jsonl") if "event" not in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert resumed["seconds"]["train"] == round(sum(r["time_step_s"] for r in steps), 3)
+    assert resumed["seconds"]["teacher_lift"] == lift_seconds > 0
+    assert sum(resumed["seconds"].values()) <= resumed["train_seconds"]  # the parts of what train_seconds spans
+
+
 def test_a_different_recipe_is_refused_for_an_existing_run(finished_run):
     out, _, _, _ = finished_run
     from adaptercl.recipe.grammar import RecipeError

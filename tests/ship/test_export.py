@@ -19,7 +19,8 @@ from peft import PeftModel
 from safetensors.torch import load_file
 
 from adaptercl.cli import main
-from adaptercl.model.base import load_base
+from adaptercl.model.base import SMOLLM2_HUB_ID as HUB_ID
+from adaptercl.model.base import cache_root, load_base, materialize_tiny_random
 from adaptercl.recipe.grammar import RecipeError, resolve_recipe
 from adaptercl.run.sequence import run_recipe
 from adaptercl.ship.export import export_run
@@ -38,7 +39,8 @@ def exported(tmp_path_factory):
 
 def test_manifest_lists_every_domain_folder_and_the_combined_one(exported):
     run, out, manifest = exported
-    assert manifest["base_model"] == "tiny-random" and Path(manifest["base_model_path"], "config.json").is_file()
+    assert manifest["version"] == 2 and manifest["base_model"] == "tiny-random" and manifest["base_model_id"] is None
+    assert (out / manifest["run_dir"]).resolve() == run.resolve()  # relative to the manifest's folder
     entries = {e["name"]: e for e in manifest["adapters"]}
     assert list(entries) == ["arith", "mcq", "combined"]
     assert {n: e["stage"] for n, e in entries.items()} == {
@@ -51,6 +53,20 @@ def test_manifest_lists_every_domain_folder_and_the_combined_one(exported):
     assert entries["arith"]["accuracy"] == dict(zip(summary["domains"], summary["accuracy"][1]))
     assert sorted(p.name for p in out.iterdir()) == ["arith", "combined", "manifest.json", "mcq"]
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".")]  # no temp folder left behind
+
+
+def test_an_export_holds_no_path_of_the_exporting_machine(exported):
+    run, out, _ = exported
+    local = [str(materialize_tiny_random(cache_root())), str(run.resolve()), str(out.resolve().parent)]
+    for path in [out / "manifest.json", *out.glob("*/adapter_config.json"), *out.glob("*/README.md")]:
+        text = path.read_text()
+        assert not [p for p in local if p in text], path
+    for name in ("arith", "mcq", "combined"):  # no hub id: the recipe's name, and the card says what to do
+        config = json.loads((out / name / "adapter_config.json").read_text())
+        assert (config["base_model_name_or_path"], config["revision"]) == ("tiny-random", None)
+        card = (out / name / "README.md").read_text()
+        assert "base_model:" not in card.split("---")[1]  # the Hub accepts only a hub id there
+        assert "has no hub id" in card and "`base_model_name_or_path`" in card
 
 
 @pytest.mark.parametrize(
@@ -102,7 +118,8 @@ def test_print_command_names_every_adapter(exported, capsys):
     _, out, manifest = exported
     assert main(["serve", str(out), "--port", "8123", "--print-command"]) == 0
     command = capsys.readouterr().out.split()
-    assert command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", manifest["base_model_path"]]
+    base = str(materialize_tiny_random(cache_root()))  # the alias resolved on this machine
+    assert command[1:5] == ["-m", "vllm.entrypoints.openai.api_server", "--model", base]
     modules = command[command.index("--lora-modules") + 1 :][:3]
     assert modules == [f"{n}={(out / n).resolve()}" for n in ("arith", "mcq", "combined")]
     assert command[command.index("--max-lora-rank") + 1] == "8" and "8123" in command
@@ -120,6 +137,77 @@ def test_serve_names_the_adapter_whose_rank_vllm_cannot_hold(tmp_path):
     with pytest.raises(
         RecipeError, match=r"^serve: adapter 'wide' of .*manifest.json: rank 600 is above vLLM's largest"
     ):
+        serve_command(tmp_path)
+
+
+ALIAS, REVISION = "smollm2-135m-instruct", "0123456789abcdef0123456789abcdef01234567"
+
+
+def hub_cache(root: Path) -> Path:
+    """A local hub cache (HF_HUB_CACHE's layout) holding tiny-random's files as the repo of the built-in alias
+    smollm2-135m-instruct (HUB_ID) at main; returns `root`."""
+    repo = root / f"models--{HUB_ID.replace('/', '--')}"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(REVISION)
+    shutil.copytree(materialize_tiny_random(cache_root()), repo / "snapshots" / REVISION)
+    return root
+
+
+@pytest.fixture(scope="module")
+def hub_export(tmp_path_factory):
+    """A one-stage run of the alias smollm2-135m-instruct, whose base loads from its hub repository in a local hub
+    cache (tiny weights stand in for it; no GGUF conversion in the empty cache_dir), and its export. That cache is
+    deleted afterwards: whoever loads the export finds the base by its hub id in a cache of its own."""
+    import huggingface_hub
+
+    root = tmp_path_factory.mktemp("exporting-machine")
+    run, out = root / "run", root / "shipped"
+    one_stage = tiny_recipe(
+        run,
+        model={"name": ALIAS, "cache_dir": str(root / "adaptercl-cache")},
+        optim={"lr": 5e-3, "steps": 1, "prompts_per_step": 2},
+        stages=[{"name": "one", "domain": "arith"}],
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache(root / "hub")))
+        run_recipe(resolve_recipe(one_stage))
+        export_run(run, out)
+    shutil.rmtree(root / "hub")
+    return run, out
+
+
+def test_a_copied_export_loads_with_auto_peft_finding_the_base_by_hub_id(hub_export, tmp_path, monkeypatch):
+    import huggingface_hub
+    from peft import AutoPeftModelForCausalLM
+
+    run, out = hub_export
+    root = run.parent
+    copy = tmp_path / "elsewhere" / "shipped"
+    shutil.copytree(out, copy)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache(tmp_path / "hub")))
+    monkeypatch.chdir(tmp_path)
+    model = AutoPeftModelForCausalLM.from_pretrained(str(copy / "arith"))
+    expected = load_file(str(run / "stage-01-one" / "adapter" / "adapter_model.safetensors"))
+    lora = {n.replace(".default.", "."): p for n, p in model.named_parameters() if "lora_" in n}
+    assert lora.keys() == expected.keys()
+    assert all(torch.equal(lora[key].detach(), tensor) for key, tensor in expected.items())
+    base = load_file(str(materialize_tiny_random(cache_root()) / "model.safetensors"))
+    assert torch.equal(model.get_base_model().model.embed_tokens.weight.detach(), base["model.embed_tokens.weight"])
+    card = (copy / "arith" / "README.md").read_text()
+    assert f'base_model: "{HUB_ID}"' in card.split("---")[1] and f"Base model: `{HUB_ID}`" in card
+    assert 'AutoPeftModelForCausalLM.from_pretrained("arith")' in card
+    manifest = json.loads((copy / "manifest.json").read_text())
+    assert [manifest[key] for key in ("base_model", "base_model_id", "base_model_revision")] == [ALIAS, HUB_ID, None]
+    assert not [p for p in (root / "run", root / "shipped") if str(p) in json.dumps(manifest)]
+
+
+def test_serve_names_a_local_base_that_is_not_on_this_machine(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "adapter_config.json").write_text("{}")
+    manifest = {"version": 2, "base_model": str(tmp_path / "gone"), "base_model_id": None, "base_model_revision": None}
+    manifest["adapters"] = [{"name": "a", "path": "a", "rank": 4}]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RecipeError, match=r"^serve: the base '.*gone' of .*manifest.json is not on this machine \("):
         serve_command(tmp_path)
 
 

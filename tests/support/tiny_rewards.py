@@ -66,3 +66,8 @@ def even_length_or_none(completions, **kwargs) -> list[float | None]:
     mod 3 (a random model's groups mix None with values)."""
     texts = [c if isinstance(c, str) else c[0]["content"] for c in completions]
     return [None if len(t) % 2 else float(len(t) % 3) for t in texts]
+
+
+def letter_accuracy(completions, answer, **kwargs) -> list[float]:
+    """A TRL user's accuracy reward: 1.0 where the (standard) completion equals the row's `answer` column."""
+    return [float(c.strip() == str(a)) for c, a in zip(completions, answer)]

@@ -107,6 +107,42 @@ def test_sdft_demonstration_prompt_exact():
     assert out.stats()["teacher_target_frac"] == 0.5 and out.stats()["success_frac"] == 0.5
 
 
+@pytest.mark.parametrize("group", [1, 2, 3])
+def test_may_get_context_is_true_exactly_where_some_rollout_gives_a_context(group):
+    """For every builder of TEACHER_PROMPTS and its settings (feedback used or not, the hybrid's distill_on, a
+    demonstration or none): a prompt may get a context (`may_get_context`) exactly when some outcome of its group (each
+    sample a success or not, with feedback or none) gives one of its samples a context."""
+    import itertools
+
+    from adaptercl.recipe.grammar import HybridConfig
+    from adaptercl.teacher.prompts import TEACHER_PROMPTS, may_get_context
+
+    outcomes = list(itertools.product([False, True], repeat=group))  # which samples succeeded
+    feedbacks = list(itertools.product([None, "look again"], repeat=group))
+    never = []
+    for method, build in TEACHER_PROMPTS.items():
+        for use_feedback, distill_on, demo in itertools.product(
+            [False, True], ["failed_groups", "all"], [None, "2+2=4"]
+        ):
+            distill, hybrid = DistillConfig(use_feedback=use_feedback), HybridConfig(distill_on=distill_on)
+            some = any(
+                any(build([user("Q")] * group, ["4"] * group, list(ok), list(fb), [demo] * group, group, distill, hybrid)
+                    .has_target)
+                for ok in outcomes
+                for fb in feedbacks
+            )  # fmt: skip
+            assert may_get_context(build, [user("Q")], [demo], group, distill, hybrid) == [some], (method, demo)
+            never += [] if some else [(method, use_feedback, distill_on, demo)]
+    # the cases no rollout can help, so the teacher lift passes their prompts over: SDFT without a demonstration, the
+    # hybrid on failed groups without feedback or a demonstration, and for a group of one SRPO always, SDPO and the
+    # hybrid on all groups where neither is shown
+    assert ("sdft", False, "all", None) in never and ("sdft", True, "all", "2+2=4") not in never
+    assert ("hybrid", False, "failed_groups", None) in never and ("hybrid", True, "failed_groups", None) not in never
+    assert (("srpo", True, "all", "2+2=4") in never) == (group == 1)
+    assert (("sdpo", False, "all", None) in never) == (group == 1)
+    assert (("hybrid", False, "all", None) in never) == (group == 1)
+
+
 # ------------------------------------------------------------------------ EMA factors, trust-region mix (pure)
 
 

@@ -44,8 +44,8 @@ def test_guard_catches_an_injected_collapse_and_rolls_back_to_the_checkpoint(tmp
     restored = []
     original = stage_module._restore
 
-    def spying_restore(ctx, path, optimizer, guard):
-        result = original(ctx, path, optimizer, guard)
+    def spying_restore(ctx, path, optimizer, guard, *args, **kwargs):
+        result = original(ctx, path, optimizer, guard, *args, **kwargs)
         saved = load_file(str(path / "adapters.safetensors"))
         live = {f"{ctx.student}::{k}": v for k, v in adapter_state(ctx.model, ctx.student).items()}
         restored.append((result[0], all(torch.equal(saved[k], v) for k, v in live.items()), len(live)))
@@ -118,23 +118,33 @@ def assert_same_adapters(a_run: Path, b_run: Path) -> None:
 
 
 # The teachers whose state a resume must restore: the EMA (its adapter), restart_freeze (its clock: copies at steps 2
-# and 4) and gated (its window and references: a 2-step baseline, then a check every step; a lost window or baseline
-# would take the baseline again after the resume, which the teacher_* metrics show whatever the rewards are).
+# and 4) and gated (its window and references: a 2-step baseline, then a check at step 4; a lost window would leave
+# step 4 without a full window, so without its check, and a lost baseline would take the baseline again, which the
+# teacher_* metrics show whatever the rewards are).
 TEACHERS = {
     "ema": {"kind": "ema"},
     "restart_freeze": {"kind": "restart_freeze", "refresh_every": 2},
-    "gated": {"kind": "gated", "refresh_every": 1, "gate_window": 2, "gate_reward_delta": 0.0, "gate_length_eps": 1.0},
+    "gated": {"kind": "gated", "refresh_every": 2, "gate_window": 2, "gate_reward_delta": 0.0, "gate_length_eps": 1.0},
+    "ema, lift gate": {"kind": "ema"},
 }
+# ... and the lift gate's decision (distill.gate), measured for real at steps 1 and 3 (0-based 0 and 2)
+GATES = {"ema, lift gate": {"kind": "lift", "every": 2, "prompts": 4, "min_pairs": 1, "rule": "mean"}}
 
 
 def with_teacher(raw: dict, kind: str) -> dict:
-    raw["stages"][0]["distill"] = {"teacher": TEACHERS[kind]}
+    raw["stages"][0]["distill"] = {"teacher": TEACHERS[kind], **({"gate": GATES[kind]} if kind in GATES else {})}
     return raw
 
 
 def teacher_metrics(run: Path) -> list[dict]:
+    """The teacher's and the lift gate's logged decisions and evidence (not the gate's wall time)."""
     rows = read_jsonl(run / "stage-01-one" / "metrics.jsonl")
-    return [{k: v for k, v in r.items() if k.startswith("teacher_")} for r in rows if "event" not in r]
+    logged = ("teacher_", "lift_gate_")
+    return [
+        {k: v for k, v in r.items() if k.startswith(logged) and k != "lift_gate_seconds"}
+        for r in rows
+        if "event" not in r
+    ]
 
 
 @pytest.mark.parametrize("kind", list(TEACHERS))
@@ -175,11 +185,13 @@ def test_killed_run_resumes_to_bit_identical_adapters(tmp_path, kind):
     if kind == "restart_freeze":
         assert [r["teacher_refresh"] for r in logged] == [0.0, 1.0, 0.0, 1.0]
     if kind == "gated":
-        assert "teacher_gate_baseline" in logged[1] and all(r["teacher_gate_check"] == 1.0 for r in logged[2:])
+        assert "teacher_gate_baseline" in logged[1] and logged[3]["teacher_gate_check"] == 1.0
         teacher = json.loads((reference / "stage-01-one" / "teacher" / "teacher.json").read_text())
         assert (
             teacher["gate"] == json.loads((killed / "stage-01-one" / "teacher" / "teacher.json").read_text())["gate"]
         )
+    if kind in GATES:
+        assert [r.get("lift_gate_check") for r in logged] == [1.0, None, 1.0, None] and "lift_gate_n" in logged[2]
 
 
 def test_a_run_killed_after_training_resumes_without_a_step(tmp_path, reference, monkeypatch):

@@ -14,13 +14,15 @@ from adaptercl.rollout.hf import HFEngine
 from adaptercl.teacher.kinds import create_teacher
 from adaptercl.teacher.prompts import hybrid_teacher_prompts
 from adaptercl.train import regularizers as regs_mod
-from adaptercl.train.context import StageContext
+from adaptercl.train.context import StageContext, prompts_for_step, step_seed
 from adaptercl.train.losses import kl_to_previous
 from adaptercl.train.regularizers import (
+    REPLAY_COUNT_SEED,
     lora_delta_distance_sq,
     lora_overlap_sq,
     replay_count,
     replay_examples,
+    replay_plan,
 )
 from adaptercl.train.sparse_targets import top_entropy_mask
 from adaptercl.train.stage import run_stage
@@ -73,6 +75,24 @@ def test_replay_count_and_draws_are_deterministic():
     domains = [ToyDomain(), ToyDomain()]
     a, b = replay_examples(domains, 5, seed=7), replay_examples(domains, 5, seed=7)
     assert [(ex.id, id(d)) for ex, d in a] == [(ex.id, id(d)) for ex, d in b]
+
+
+def test_stochastic_replay_count_is_the_fraction_in_expectation_and_fixed_by_the_step_seed():
+    # 1 % of 4 prompts: at_least_one replays 1 every step (25 %); stochastic 1 on about 1 step in 25
+    counts = [replay_count(0.01, 4, 1, "stochastic", seed) for seed in range(4000)]
+    assert set(counts) == {0, 1} and 0.03 < sum(counts) / 4000 < 0.05
+    assert counts == [replay_count(0.01, 4, 1, "stochastic", seed) for seed in range(4000)]  # the same draws
+    tenth = [replay_count(0.6, 4, 1, "stochastic", seed) for seed in range(4000)]  # 2.4 prompts: 2 or 3
+    assert set(tenth) == {2, 3} and 2.35 < sum(tenth) / 4000 < 2.45
+    assert max(replay_count(0.9, 4, 1, "stochastic", seed) for seed in range(200)) == 3  # 3.6: capped at 3
+    assert replay_count(0.01, 4, 0, "stochastic", 0) == 0 and replay_count(0.5, 1, 2, "stochastic", 0) == 0
+
+    class Cfg:
+        replay_fraction, replay_rounding = 0.5, "at_least_one"
+
+    assert replay_plan(Cfg, 4, 1, 0) == (2, 2)  # the own prompts take a 2-wide slice of the data order
+    Cfg.replay_rounding = "stochastic"
+    assert replay_plan(Cfg, 4, 1, 0) == (2, 4)  # their step's full slice, its last two left out
 
 
 def test_hybrid_teacher_prompts_only_failed_groups_with_demonstration_or_feedback():
@@ -178,6 +198,33 @@ def test_replay_mixes_earlier_domain_prompts_scored_by_their_own_reward(tmp_path
     run_stage(ctx)
     assert [r["replay_frac"] for r in rows(ctx)] == [0.5, 0.5]
     assert len(calls) == 2 * 4 and all(c.startswith("old") for c in calls)  # 1 replayed prompt x G=4, per step
+
+
+def test_stochastic_replay_varies_per_step_and_never_repeats_the_stage_s_own_prompts(tmp_path):
+    calls: dict[str, list[str]] = {"own": [], "old": []}
+
+    class Recording(ToyDomain):
+        def reward(self, text, example):
+            calls["old" if example.id.startswith("old") else "own"].append(example.id)
+            return super().reward(text, example)
+
+    earlier = Recording()
+    earlier.train = [ToyExample(f"old{i}", ex.messages, ex.answer) for i, ex in enumerate(earlier.train)]
+    regularizers = {"replay_fraction": 0.3, "replay_rounding": "stochastic"}  # 1.2 of 4 prompts: 1 or 2 a step
+    ctx = context(tmp_path, "grpo", Recording(), replay=[earlier], regularizers=regularizers,
+                  optim={"steps": 6, "prompts_per_step": 4})  # fmt: skip
+    run_stage(ctx)
+    seeds = [step_seed(ctx.recipe.seed, 0, REPLAY_COUNT_SEED + step) for step in range(6)]
+    replayed = [replay_count(0.3, 4, 1, "stochastic", seed) for seed in seeds]
+    assert set(replayed) == {1, 2}  # the draws this test relies on: both counts occur
+    assert [r["replay_frac"] for r in rows(ctx)] == [n / 4 for n in replayed]
+    assert len(calls["old"]) == 4 * sum(replayed)  # G = 4 samples of each replayed prompt
+    # the own prompts: each step's first 4 − n of its full 4-wide slice of the data order, so none repeats within an
+    # epoch (12 examples: steps 0-2), as a slice as wide as each step's own count would (overlapping slices)
+    slices = [prompts_for_step(12, 4, ctx.recipe.seed, 0, step)[: 4 - n] for step, n in enumerate(replayed)]
+    assert calls["own"][::4] == [str(i) for own in slices for i in own]
+    first_epoch = [i for own in slices[:3] for i in own]
+    assert len(set(first_epoch)) == len(first_epoch)
 
 
 def test_hybrid_with_zero_lambda_makes_grpos_update_exactly(tmp_path, plain_grpo):

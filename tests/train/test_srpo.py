@@ -118,9 +118,27 @@ def test_srpo_defaults_are_the_papers():
     assert (distill.teacher.kind, distill.teacher.tau) == ("ema", 0.05)
     assert (distill.support, distill.topk, distill.tail, distill.alpha) == ("topk", 100, True, 0.5)
     assert distill.is_cap == 2.0 and distill.aggregation == "token_mean" and stage.srpo.entropy_beta == 1.0
-    assert resolve_recipe(recipe_raw("grpo")).stages[0].optim.lr == 1e-5  # the other methods keep optim's default
-    set_lr = resolve_recipe(recipe_raw("srpo", optim={"lr": 2e-5})).stages[0]
-    assert set_lr.optim.lr == 2e-5  # a recipe's own learning rate wins
+    assert (stage.optim.weight_decay, stage.optim.warmup_steps) == (0.01, 10)  # Table 3: AdamW wd 0.01, warm-up 10
+    for method in ("grpo", "sdpo", "hybrid"):  # the other methods keep optim's defaults
+        optim = resolve_recipe(recipe_raw(method)).stages[0].optim
+        assert (optim.lr, optim.weight_decay, optim.warmup_steps) == (1e-5, 0.0, 0)
+    own = resolve_recipe(recipe_raw("srpo", optim={"lr": 2e-5, "weight_decay": 0.0, "warmup_steps": 2})).stages[0]
+    assert (own.optim.lr, own.optim.weight_decay, own.optim.warmup_steps) == (2e-5, 0.0, 2)  # a recipe's own win
+    stage_set = recipe_raw("srpo")  # also when set only at recipe level, or only on the stage
+    stage_set["optim"] = {"warmup_steps": 0}
+    stage_set["stages"][0]["optim"] = {"weight_decay": 0.1}
+    optim = resolve_recipe(stage_set).stages[0].optim
+    assert (optim.lr, optim.weight_decay, optim.warmup_steps) == (5e-6, 0.1, 0)
+
+
+def test_srpo_trains_with_the_papers_weight_decay(tmp_path):
+    from adaptercl.recipe import OptimConfig
+    from adaptercl.train.stage import make_optimizer
+
+    ctx = srpo_context(tmp_path)[0]
+    assert [g["weight_decay"] for g in make_optimizer(ctx).param_groups] == [0.01]  # AdamW gets the default
+    ctx.stage.optim = OptimConfig(weight_decay=0.0)
+    assert [g["weight_decay"] for g in make_optimizer(ctx).param_groups] == [0.0]
 
 
 @pytest.mark.parametrize("block", ["grpo", "distill"])

@@ -1,0 +1,84 @@
+"""What each science collection runs, and the domain sequences the collections and the pilots choose among.
+
+- `SEQUENCES`: built-in domain sequences, each a list of (builtin domain, optimiser steps of its stage).
+  `with_sequence` puts one into a recipe in place of base.yaml's arithmetic -> mcq -> toolcall (every other setting,
+  the budget per step included, stays base.yaml's). The candidates of issue 37 are pairs whose required outputs
+  conflict on similar inputs (mcq's letter against mcq_text's option text, arithmetic's "The answer is N." against
+  arithmetic_hash's "#### N": the same questions and facts under another convention, adaptercl/domains/builtin.py)
+  in both orders, and the old pair (arithmetic, mcq) in the order the earlier collections did not run.
+- `COLLECTIONS`: a collection is a sequence (None: base.yaml's own), the seeds of each method (a method's seeds may
+  differ: the paired comparisons use the seeds two methods share, resampling.py) and the folder its results.* go to
+  (relative to benchmarks/science). `issue25` is the earlier collection, as it ran; `forgetting` is issue 37's, on a
+  sequence where GRPO forgets, chosen by the pilots (pilot.py, README "Issue 37: pilots"): until they have chosen,
+  its `sequence` is None and run.py refuses to start it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+SEQUENCES: dict[str, list[tuple[str, int]]] = {
+    "arithmetic-mcq-toolcall": [("arithmetic", 12), ("mcq", 12), ("toolcall", 24)],  # base.yaml's (issue 25)
+    "mcq-mcq_text": [("mcq", 12), ("mcq_text", 12)],
+    "mcq_text-mcq": [("mcq_text", 12), ("mcq", 12)],
+    "arithmetic-arithmetic_hash": [("arithmetic", 12), ("arithmetic_hash", 12)],
+    "arithmetic_hash-arithmetic": [("arithmetic_hash", 12), ("arithmetic", 12)],
+    "mcq-arithmetic": [("mcq", 12), ("arithmetic", 12)],
+}
+
+
+def with_sequence(recipe: dict, name: str) -> dict:
+    """A copy of `recipe` whose domains and stages are sequence `name`'s: one builtin domain per stage, the method of
+    the recipe's first stage on every stage, one evolving adapter (`init: continue` from stage 2 on, as base.yaml's),
+    each stage's steps set where they differ from the recipe's `optim.steps`."""
+    if name not in SEQUENCES:
+        raise SystemExit(f"unknown sequence {name!r}; sequences: {', '.join(SEQUENCES)}")
+    out = copy.deepcopy(recipe)
+    method = recipe["stages"][0]["method"]
+    out["domains"] = [{"name": d, "source": f"builtin:{d}"} for d, _ in SEQUENCES[name]]
+    out["stages"] = []
+    for k, (domain, steps) in enumerate(SEQUENCES[name]):
+        stage = {"name": domain, "domain": domain, "method": method}
+        if k:
+            stage["adapter"] = {"init": "continue"}
+        if steps != recipe["optim"]["steps"]:
+            stage["optim"] = {"steps": steps}
+        out["stages"].append(stage)
+    return out
+
+
+@dataclass(frozen=True)
+class Collection:
+    sequence: str | None  # a SEQUENCES name; None: base.yaml's own (issue25), or not chosen yet (forgetting)
+    seeds: dict[str, list[int]]  # method (run.py METHODS) -> its seeds, in the order the tables list them
+    out: str  # where results.json/.md/.png go, relative to benchmarks/science
+    runs: str  # the default runs folder, relative to the repo root
+    needs_sequence: bool = False  # refuse to run while `sequence` is None (a collection waiting for its pilots)
+
+
+ISSUE25 = ["grpo", "grpo_kl", "sdpo", "sdpo_gated", "srpo", "srpo_continual", "hybrid"]
+# issue 37: more seeds where the question is (does a conservative update forget less than GRPO at equal ACC: GRPO,
+# GRPO + 10 % replay, the hybrid), 3 for the rest (README "Issue 37: the collection": what it can decide, its budget)
+MORE_SEEDS, SEEDS = [0, 1, 2, 3, 4, 5], [0, 1, 2]
+FORGETTING = {
+    "grpo": MORE_SEEDS,
+    "grpo_replay01": SEEDS,
+    "grpo_replay10": MORE_SEEDS,
+    "hybrid": MORE_SEEDS,
+    "hybrid_gated": SEEDS,
+    "srpo": SEEDS,
+    "srpo_gated": SEEDS,
+    "sdpo": SEEDS,
+}
+COLLECTIONS: dict[str, Collection] = {
+    "issue25": Collection(None, {m: [0, 1, 2] for m in ISSUE25}, ".", "runs/science"),
+    # the sequence: the pilots' choice (README "Issue 37: pilots"); None until they have run
+    "forgetting": Collection(None, FORGETTING, "forgetting", "runs/science-forgetting", needs_sequence=True),
+}
+DEFAULT_COLLECTION = "issue25"
+
+
+def jobs(seeds: dict[str, list[int]]) -> list[tuple[str, int]]:
+    """(method, seed) runs, seed by seed (every method's seed 0 first): a sweep stopped early has whole seeds."""
+    return [(m, s) for s in sorted({s for v in seeds.values() for s in v}) for m, v in seeds.items() if s in v]
