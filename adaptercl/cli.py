@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)  # a data-parallel rank died or timed out: one line per survivor
         return 1
     except KeyboardInterrupt:
-        print("interrupted; rerun the same command to resume", file=sys.stderr)
+        rehearsal = getattr(args, "action", None) == "rehearse"  # nothing to resume: its run folder is gone
+        print("interrupted" + ("" if rehearsal else "; rerun the same command to resume"), file=sys.stderr)
         return 130
     return 1
 

@@ -13,9 +13,9 @@ stage of the same method, else of any, said in the term):
                                              sampled mean response (at most the cap), n = prompts_per_step x G
     training     W_t + S x t_step x n / n_r  t_step = the steady steps' mean (step less rollout: reward, teacher
                  + K x t_ckpt + t_stage      targets, forward and backward, optimiser); K = 2 + (S - 1) // every
-                 + t_save + S // d x t_pd    checkpoints; the stage's set-up; saving; drift_every's reports
+                 + t_save                    checkpoints; the set-up of the stage's training; saving its adapters
     diagnostics  per prompt x prompts        teacher lift, stage KL; response drift per probe x probes x domains;
-                 + t_pd                      parameter drift once
+                 + (1 + S // d) x t_pd       parameter drift after the stage and every monitor.drift_every (d) steps
     evaluation   sum over domains of e_d x N_d after each stage, and before the first with W_e
 
 W_*: what the first step (or evaluation) took beyond the steady rate, counted once (the warm-up: AdamW's state,

@@ -53,7 +53,7 @@ def beside_plan(recipe: RecipeConfig, rehearsal: dict[str, Any]) -> str:
         plan = timer = shape = None
         note = f"no plan beside it: {err}"
     where = f"{card.name.split(' (')[0]} time model, {gpu_gib or 24:g} GiB"
-    lines = [f"{'measured on ' + rehearsal['machine']['label']:<67} {'planned (' + where + ')'}"]
+    lines = [f"{'measured on ' + rehearsal['machine']['label']:<73} {'planned (' + where + ')'}"]
     for index, stage in enumerate(recipe.stages):
         got = rehearsal["stages"].get(stage.name, {}).get("figures")
         if not got:
@@ -75,16 +75,16 @@ def beside_plan(recipe: RecipeConfig, rehearsal: dict[str, Any]) -> str:
             ("response length", _measured(got["response_len_mean"], ".1f", "tokens"), f"{cap} (the cap)"),
             ("training step", _measured(got["train_step_s"], ".2f", "s"), planned.get("train", "-")),
         ]  # fmt: skip
-        lines += [f"  {stage.name + ' ' + what:<32} {value:<34} {plan_value}" for what, value, plan_value in rows_]
+        lines += [f"  {stage.name + ' ' + what:<36} {value:<34} {plan_value}" for what, value, plan_value in rows_]
     planned_gib = {p.name: p.gib for p in plan.phases} if plan is not None else {}
     lines.append("peak memory GiB")
     for group, peaks in rehearsal.get("memory", {}).items():
         value = ", ".join(f"{MEMORY_KEYS[k]} {v:.2f}" for k, v in peaks.items() if k in MEMORY_KEYS)
         planned_value = planned_gib.get(PLANNED_PHASES.get(group, ""))
-        lines.append(f"  {group:<32} {value:<34} {'-' if planned_value is None else f'{planned_value:.2f}'}")
+        lines.append(f"  {group:<36} {value:<34} {'-' if planned_value is None else f'{planned_value:.2f}'}")
     wall = measured_wall_time(written, rehearsal, plan.wall_time if plan is not None else None)
     model = f"~{duration(plan.wall_time.total_s)} on an {plan.wall_time.card}-class card" if plan else "-"
-    lines.append(f"  {'wall time':<32} {'~' + duration(wall.total_s):<34} {model}")
+    lines.append(f"  {'wall time':<36} {'~' + duration(wall.total_s):<34} {model}")
     if plan is None:
         lines.append(f"  {note}")
     return "\n".join([*lines, wall.render()])

@@ -9,15 +9,15 @@ stops). The cache's rows are selected in place of the copy `DynamicCache` makes 
 concatenation), so a drop costs about one more such copy.
 
 The distribution is `generate`'s with `repetition_penalty=1`, `top_k=0`: softmax(logits / temperature), cut to the
-nucleus of mass `top_p` as transformers' `TopPLogitsWarper` cuts it (`nucleus_logits`), greedy = argmax. What
-differs is where the randomness comes from, and that is deliberate: `generate` draws one `torch.multinomial` for the
-whole batch from the global generator, so a row's sample depends on which other rows are still in the batch, and
-dropping a finished row would change every later draw of every other row. Here row r draws one uniform per step from
-its own `torch.Generator` seeded with `row_seeds[r]` and takes the token where the cumulative distribution (in
-float64) passes it (`sample_tokens`, inverse-CDF sampling, the method `torch.multinomial` itself uses on CPU). So a
-row's response depends on its seed and prompt only, not on the batch size, the rows beside it, or a data-parallel
-split; it is not the token `generate` would have drawn under `torch.manual_seed` (a different stream), and greedy
-rows are exactly `generate`'s (`tests/rollout/test_decode.py`).
+nucleus of mass `top_p` as transformers' `TopPLogitsWarper` cuts it (`truncation.truncated_logits`); greedy is the
+argmax. What differs is where the randomness comes from, and that is deliberate: `generate` draws one
+`torch.multinomial` for the whole batch from the global generator, so a row's sample depends on which other rows are
+still in the batch, and dropping a finished row would change every later draw of every other row. Here row r draws
+one uniform per step from its own `torch.Generator` seeded with `row_seeds[r]` and takes the token where the
+cumulative distribution (in float64) passes it (`sample_tokens`, inverse-CDF sampling, the method `torch.multinomial`
+itself uses on CPU). So a row's response depends on its seed and prompt only, not on the batch size, the rows beside
+it, or a data-parallel split; it is not the token `generate` would have drawn under `torch.manual_seed` (a different
+stream), and greedy rows are exactly `generate`'s (`tests/rollout/test_decode.py`).
 
 The key/value cache is reserved once for the whole response (`ReservedLayer`): `DynamicCache` appends by
 concatenation, copying every row's whole cache at every step (16 % of a decode step's time at 8 rows x 100 prompt
@@ -35,6 +35,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from adaptercl.model import CACHE, output_cache
+from adaptercl.rollout.truncation import truncated_logits
 
 
 class ReservedLayer(DynamicLayer):
@@ -80,22 +81,6 @@ def reserve(cache: Any, extra: int) -> None:
     for i, layer in enumerate(layers):
         if type(layer) is DynamicLayer and layer.is_initialized and layer.keys.numel() > 0:
             layers[i] = ReservedLayer(layer.keys, layer.values, layer.keys.shape[-2] + extra)
-
-
-def nucleus_logits(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Logits with every token outside the top-p nucleus set to -inf, as transformers' `TopPLogitsWarper` does.
-
-    logits: [B, V] (already divided by the temperature). Sorted ascending, the tokens whose cumulative probability
-    is at most 1 - top_p are removed; the most likely token always stays. top_p >= 1 returns `logits` itself.
-    """
-    if top_p >= 1.0:
-        return logits
-    sorted_logits, sorted_index = torch.sort(logits, descending=False)  # [B, V]
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)  # [B, V]
-    remove_sorted = cumulative <= (1 - top_p)
-    remove_sorted[..., -1:] = False  # the most likely token
-    remove = remove_sorted.scatter(1, sorted_index, remove_sorted)  # [B, V] back in vocabulary order
-    return logits.masked_fill(remove, float("-inf"))
 
 
 def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
@@ -161,7 +146,7 @@ def decode(
             tokens = logits.argmax(dim=-1)  # [b]
         else:
             uniforms = torch.cat([torch.rand(1, generator=generators[r], dtype=torch.float64) for r in alive.tolist()])
-            tokens = sample_tokens(nucleus_logits(logits.float() / temperature, top_p), uniforms)  # [b]
+            tokens = sample_tokens(truncated_logits(logits.float() / temperature, top_p), uniforms)  # [b]
         for row, token in zip(alive.tolist(), tokens.tolist()):
             responses[row].append(token)
         finished = torch.isin(tokens, stops)  # [b]

@@ -21,7 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-BLOCK_POSITIONS = 256  # positions sorted at once: [256, V] float32 values + int64 indices (~0.6 GB at V = 152k)
+# positions sorted at once: [256, V] float32 values, int64 indices, the cumulative sums (~0.8 GB at V = 152k)
+BLOCK_POSITIONS = 256
 
 
 def cuts(top_p: float, top_k: int = 0) -> bool:
@@ -40,17 +41,28 @@ def kept_log_mass(logits: Tensor, top_p: float = 1.0, top_k: int = 0) -> Tensor:
     parts = []
     for start in range(0, flat.shape[0], BLOCK_POSITIONS):
         block = flat[start : start + BLOCK_POSITIONS].to(out_dtype)  # [b, V]
-        ascending = block.sort(dim=-1).values  # [b, V]
-        if 0 < top_k < vocab:
-            kth = ascending[:, vocab - top_k].unsqueeze(-1)  # [b, 1], the k-th largest logit
-            ascending = ascending.masked_fill(ascending < kth, -torch.inf)
-        if top_p < 1.0:
-            cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)  # [b, V]
-            dropped = cumulative <= 1.0 - top_p
-            dropped[:, -1] = False  # the most likely token is always kept
-            ascending = ascending.masked_fill(dropped, -torch.inf)
-        parts.append(torch.logsumexp(ascending, dim=-1) - torch.logsumexp(block, dim=-1))  # [b]
+        kept = truncated_logits(block, top_p, top_k)  # [b, V]
+        parts.append(torch.logsumexp(kept, dim=-1) - torch.logsumexp(block, dim=-1))  # [b]
     return torch.cat(parts).reshape(shape)
+
+
+def truncated_logits(logits: Tensor, top_p: float = 1.0, top_k: int = 0) -> Tensor:
+    """`logits` with every token that top-k (0: off) then top-p drop set to -inf, in vocabulary order: what the
+    engines sample from (the hf engine's `decode` samples softmax of this). [B, V] -> [B, V]; `logits` itself when
+    nothing is cut. Ties at the k-th largest logit are all kept, as in transformers' `TopKLogitsWarper`."""
+    if not cuts(top_p, top_k):
+        return logits
+    vocab = logits.shape[-1]
+    ascending, order = logits.sort(dim=-1)  # [B, V]
+    if 0 < top_k < vocab:
+        kth = ascending[:, vocab - top_k].unsqueeze(-1)  # [B, 1], the k-th largest logit
+        ascending = ascending.masked_fill(ascending < kth, -torch.inf)
+    if top_p < 1.0:
+        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)  # [B, V]
+        dropped = cumulative <= 1.0 - top_p
+        dropped[:, -1] = False  # the most likely token is always kept
+        ascending = ascending.masked_fill(dropped, -torch.inf)
+    return torch.empty_like(logits).scatter_(-1, order, ascending)  # back in vocabulary order
 
 
 def sampler_logprobs(logits: Tensor, token_ids: Tensor, top_p: float = 1.0, top_k: int = 0) -> Tensor:

@@ -29,9 +29,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from adaptercl.adapters import stage_dir_name
 from adaptercl.domains import load_domain
 from adaptercl.plan import REHEARSAL_KIND, REHEARSAL_VERSION, recipe_hash
-from adaptercl.recipe import RecipeConfig, RecipeError
+from adaptercl.recipe import RecipeConfig, RecipeError, StageConfig
 from adaptercl.rollout import RolloutServerError
 from adaptercl.run.phase_meter import PHASE_GROUPS, DeadlineReached, PhaseMeter
 from adaptercl.run.rehearsal_figures import EventLog, stage_figures, stage_of_spans
@@ -97,7 +98,8 @@ def machine(cuda: bool) -> dict[str, Any]:
     if cuda:
         props = torch.cuda.get_device_properties(0)
         return {**out, "gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1), "label": props.name}
-    return {**out, "gpu": None, "label": f"{out['cpu']}, {cores} cores"}
+    threads = out["torch_threads"]
+    return {**out, "gpu": None, "label": f"{out['cpu']}, {cores} cores, {threads} torch thread{'s' * (threads > 1)}"}
 
 
 def _cpuinfo() -> list[str]:
@@ -180,7 +182,7 @@ def rehearse(recipe: RecipeConfig, out_dir: Path, minutes: float | None = None, 
     }
     failure = None
     if error is not None:
-        failure = failure_line(run, meter, error)
+        failure = failure_line(run, meter, log, error)
         result["failed"] = {"phase": meter.failed_in, "line": failure}
     path = Path(out_dir) / "rehearsal.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -203,42 +205,48 @@ def eval_sizes(recipe: RecipeConfig, run: RecipeConfig, before: dict[str, dict])
     return {"eval_sizes": sizes, "eval_sizes_at": asked}
 
 
-def failure_line(run: RecipeConfig, meter: PhaseMeter, error: Exception) -> str:
+def failure_line(run: RecipeConfig, meter: PhaseMeter, log: EventLog, error: Exception) -> str:
     """One line: the phase, what it asked for, the error's first line and, for a memory error, the setting to
     change."""
     phase = meter.failed_in or "other"
     spans = stage_of_spans(meter.spans)
     index = max(0, min(spans[-1][1] if spans else 0, len(run.stages) - 1))
     stage = run.stages[index]
+    label = stage_dir_name(run, index)
+    chosen = [i["record"].get("micro_batch_size") for _, i in log.of("micro_batch") if i["stage"] == label]
     group = PHASE_GROUPS.get(phase, "other")
-    asked, hint = ASKS.get(group, ASKS["other"])(run, stage, meter)
+    asked, hint = ASKS.get(group, ASKS["other"])(run, stage, Asked(phase, chosen[-1] if chosen else None))
     first = (str(error).strip().splitlines() or [""])[0]
     memory = type(error).__name__ in OUT_OF_MEMORY or "out of memory" in first.lower()
     fix = f"; to fit, try {hint}" if memory and hint else ("" if memory else "; not a memory error")
     return f"rehearsal failed in {group} (stage {stage.name}: {asked}): {type(error).__name__}: {first}{fix}"
 
 
-def _ask_rollout(run: RecipeConfig, stage: Any, meter: PhaseMeter) -> tuple[str, str]:
+@dataclass
+class Asked:
+    phase: str  # the innermost phase that failed
+    rows: int | None  # the stage's micro-batch as the run chose it (micro_batch event), if it said
+
+
+def _ask_rollout(run: RecipeConfig, stage: StageConfig, asked: Asked) -> tuple[str, str]:
     r = stage.rollout
     n = stage.optim.prompts_per_step * r.group_size
     smaller = f"rollout.max_new_tokens={max(1, r.max_new_tokens // 2)}"
     if r.engine == "hf":
-        return f"{n} sequences of up to {r.max_new_tokens} new tokens, {r.batch_size} a generate call", (
-            f"rollout.batch_size={max(1, r.batch_size // 2)} or {smaller}"
-        )
+        what = f"{n} sequences of up to {r.max_new_tokens} new tokens, {r.batch_size} a generate call"
+        return what, f"rollout.batch_size={max(1, r.batch_size // 2)} or {smaller}"
     share = r.gpu_memory_utilization
-    lower = f"rollout.gpu_memory_utilization={round(share - 0.1, 2)}" if share != "auto" else (
-        "rollout.gpu_memory_utilization=<below auto's share: `recipe plan` prints it>"
-    )  # fmt: skip
+    lower = (f"rollout.gpu_memory_utilization={round(share - 0.1, 2)}" if share != "auto" else
+             "a rollout.gpu_memory_utilization below auto's share (`recipe plan` prints it)")  # fmt: skip
     return (
         f"{n} sequences of up to {r.max_new_tokens} new tokens on vLLM ({share} of the card)",
         f"{lower} or {smaller}",
     )
 
 
-def _ask_train(run: RecipeConfig, stage: Any, meter: PhaseMeter) -> tuple[str, str]:
+def _ask_train(run: RecipeConfig, stage: StageConfig, asked: Asked) -> tuple[str, str]:
     n = stage.optim.prompts_per_step * stage.rollout.group_size
-    rows = stage.optim.micro_batch_size if isinstance(stage.optim.micro_batch_size, int) else stage.optim.split_rows(n)
+    rows = asked.rows or stage.optim.split_rows(n)
     if rows > 1:
         hint = f"stages.{stage.name}.optim.micro_batch_size={rows // 2}"
     else:
@@ -246,26 +254,27 @@ def _ask_train(run: RecipeConfig, stage: Any, meter: PhaseMeter) -> tuple[str, s
     return f"a training step of {n} sequences, micro-batch {rows}", hint
 
 
-def _ask_eval(run: RecipeConfig, stage: Any, meter: PhaseMeter) -> tuple[str, str]:
-    tokens = run.eval_max_new_tokens
-    return f"greedy evaluation of up to {run.eval.examples_per_domain} examples a domain, {tokens} new tokens", (
-        f"eval.max_new_tokens={max(1, tokens // 2)}"
-    )
+def _ask_eval(run: RecipeConfig, stage: StageConfig, asked: Asked) -> tuple[str, str]:
+    tokens, r = run.eval_max_new_tokens, stage.rollout
+    if r.engine == "hf":
+        return f"greedy evaluation, {tokens} new tokens, {r.batch_size} a generate call", (
+            f"eval.max_new_tokens={max(1, tokens // 2)} or rollout.batch_size={max(1, r.batch_size // 2)}"
+        )
+    return f"greedy evaluation, {tokens} new tokens", f"eval.max_new_tokens={max(1, tokens // 2)}"
 
 
-def _ask_diagnostics(run: RecipeConfig, stage: Any, meter: PhaseMeter) -> tuple[str, str]:
-    part = meter.failed_in or "diagnostics"
-    field = {"teacher_lift": "eval.teacher_lift_prompts=0", "stage_kl": "eval.stage_kl_prompts=0",
-             "response_drift": "eval.drift_probes=0", "parameter_drift": "eval.drift_method=lowrank"}  # fmt: skip
-    return f"the {part.replace('_', ' ')} diagnostic", field.get(part, "")
+def _ask_diagnostics(run: RecipeConfig, stage: StageConfig, asked: Asked) -> tuple[str, str]:
+    off = {"teacher_lift": "eval.teacher_lift_prompts=0", "stage_kl": "eval.stage_kl_prompts=0",
+           "response_drift": "eval.drift_probes=0", "parameter_drift": "eval.drift_method=lowrank"}  # fmt: skip
+    return f"the {asked.phase.replace('_', ' ')} diagnostic", off.get(asked.phase, "")
 
 
 ASKS = {  # memory group -> (what the phase asked for, the setting that makes it smaller)
-    "load": lambda run, stage, meter: (f"loading {run.model.name} ({run.quantization})", "quantization=nf4"),
+    "load": lambda run, stage, asked: (f"loading {run.model.name} ({run.quantization})", "quantization=nf4"),
     "rollout": _ask_rollout,
     "train": _ask_train,
     "eval": _ask_eval,
     "diagnostics": _ask_diagnostics,
-    "save": lambda run, stage, meter: ("writing the stage's adapters and checkpoint", ""),
-    "other": lambda run, stage, meter: ("the run outside its measured phases", ""),
+    "save": lambda run, stage, asked: ("writing the stage's adapters and checkpoint", ""),
+    "other": lambda run, stage, asked: ("the run outside its measured phases", ""),
 }

@@ -114,7 +114,8 @@ def _run_recipe(
         live.size_micro_batch(ctx)
         live.measure_teacher_lift(ctx, seconds)
         final = phased("train", live.train, ctx)  # a stage killed after training resumes with no step
-        seconds["train"] = live.step_seconds(ctx)  # all its steps, also those run before a resume
+        steps = [r for r in read_jsonl(stage_dir.metrics) if "event" not in r]  # also those run before a resume
+        seconds["train"] = round(sum(r["time_step_s"] for r in steps), 3)
         t0 = time.perf_counter()
         combined = phased("save", live.save, ctx)
         stage_eval = live.evaluate_stage(ctx, seconds)
@@ -279,11 +280,6 @@ class LiveRun:
         ad.set_trainable(self.model, None)
         return final
 
-    def step_seconds(self, ctx: StageContext) -> float:
-        """The sum of the stage's steps' `time_step_s` (metrics.jsonl), also of those run before a resume."""
-        rows = read_jsonl(self.run.stage(ctx.index).metrics)
-        return round(sum(r["time_step_s"] for r in rows if "event" not in r), 3)
-
     def save(self, ctx: StageContext) -> dict:
         """Rank 0 writes the stage's adapter, its teacher and the combined adapter (every rank holds the same
         adapters); then the teacher leaves the model. Returns the combined adapter's report."""
@@ -418,5 +414,5 @@ def _finish_stage(stage_dir: StageDir, stage_eval: dict, stage_drift: dict, done
 
 
 def _result(run: RunDir) -> RunResult:
-    summary = run.read_summary()
+    summary = run.read_summary(needs=("stage_adapters",))
     return RunResult(run.path, summary["domains"], summary["accuracy"], summary["stage_adapters"])

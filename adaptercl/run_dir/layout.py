@@ -215,8 +215,8 @@ class RunDir:
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json(self.summary, summary)
 
-    def read_summary(self) -> dict[str, Any]:
-        return read_summary(self.summary)
+    def read_summary(self, needs: tuple[str, ...] = ()) -> dict[str, Any]:
+        return read_summary(self.summary, needs)
 
     def claim(self) -> None:
         """Write recipe.resolved.yaml, or check that the directory holds a run of this same recipe or of one this
@@ -256,10 +256,11 @@ class RunDir:
         return old.model_copy(update={"stages": old.stages[:started], "domains": old.domains[:kept]})
 
 
-def read_summary(path: str | Path) -> dict[str, Any]:
-    """A run's summary.json (`path`: the file); one that does not parse is a RecipeError naming it."""
+def read_summary(path: str | Path, needs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A run's summary.json (`path`: the file); one that does not parse, or lacks the accuracy matrix or a key of
+    `needs`, is a RecipeError naming it."""
     fix = "delete it; `adaptercl recipe run` with the run's recipe writes it again from the stages' records"
-    return read_record(path, fix, keys=("domains", "stages", "accuracy", "stage_adapters"))
+    return read_record(path, fix, keys=("domains", "stages", "accuracy", *needs))
 
 
 def open_run_dir(path: str | Path, command: str) -> RunDir:

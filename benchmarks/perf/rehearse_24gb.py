@@ -2,8 +2,8 @@
 recipes/hybrid.yaml: random weights of the Qwen2.5-7B shape, NF4 as the recipe says) on a card capped at 24 GiB.
 
 The command does the work (every stage's real loop for a few minutes, the measurements, rehearsal.json, the figures
-beside the plan's, one line when a phase fails: README "Rehearse first", `adaptercl/run/rehearsal.py`). This script
-adds what makes it the 24 GB card's rehearsal, all recorded in the JSON (`benchmark`):
+beside the plan's, one line when a phase fails: README "A 24 GB card: rehearse first", `adaptercl/run/rehearsal.py`).
+This script adds what makes it the 24 GB card's rehearsal, all recorded in the JSON (`benchmark`):
 - the cap: `torch.cuda.set_per_process_memory_fraction(24 GiB / the card)` bounds torch's allocator (the trainer and
   what vLLM allocates through torch); `optim.micro_batch_size: auto` and vLLM's `gpu_memory_utilization: auto` are told
   the card is 24 GiB (vLLM's share is rescaled to the real card so that it claims the same bytes);

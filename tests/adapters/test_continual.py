@@ -33,8 +33,8 @@ def three_stage_recipe(out, inits: list[str], **stage3) -> dict:
         "rollout": {"group_size": 2, "max_new_tokens": 8},
         "eval": {"examples_per_domain": 2},
         "domains": [
-            {"name": "arith", "source": "builtin:arithmetic", "reward": "tiny_rewards:digit_fraction"},
-            {"name": "mcq", "source": "builtin:mcq", "reward": "tiny_rewards:digit_fraction"},
+            {"name": "arith", "source": "builtin:arithmetic", "reward": "tiny_rewards:char_length"},
+            {"name": "mcq", "source": "builtin:mcq", "reward": "tiny_rewards:char_length"},
         ],
         "stages": [
             {"name": "one", "domain": "arith", "adapter": {"init": inits[0]}},

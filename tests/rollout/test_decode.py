@@ -1,15 +1,14 @@
 """The hf engine's decoding loop (`rollout/decode.py`): greedy rows equal `transformers.generate`'s, finished rows
-leave the batch, a row's sample depends on its seed and prompt only, and the sampler and nucleus cut are the
-distribution transformers samples from."""
+leave the batch, a row's sample depends on its seed and prompt only, and the sampler draws from the softmax (the
+nucleus cut it samples from is tests/rollout/test_truncation.py's)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import TopPLogitsWarper
 
 from adaptercl.rollout import hf
-from adaptercl.rollout.decode import nucleus_logits, sample_tokens
+from adaptercl.rollout.decode import sample_tokens
 from adaptercl.rollout.protocol import SamplingParams, row_seed
 
 PROMPTS = [[5, 6, 7, 8, 9], [5, 6, 7, 8, 10, 11, 12], [20, 21], [5, 6, 7, 30], [40, 41, 42, 43, 44, 45]]
@@ -133,10 +132,3 @@ def test_sample_tokens_frequencies_match_the_softmax():
     counts = torch.bincount(sample_tokens(logits.expand(draws, 5), uniforms), minlength=5).double() / draws
     stderr = (probs * (1 - probs) / draws).sqrt().double()
     assert ((counts - probs.double()).abs() <= 5 * stderr).all()
-
-
-@pytest.mark.parametrize("top_p", [0.3, 0.8, 0.95, 1.0])
-def test_nucleus_logits_equal_transformers_top_p(top_p):
-    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(1)) * 2  # [6, 50]
-    expected = TopPLogitsWarper(top_p)(None, logits.clone()) if top_p < 1 else logits
-    assert torch.equal(nucleus_logits(logits, top_p), expected)

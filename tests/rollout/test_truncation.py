@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import TopKLogitsWarper, TopPLogitsWarper
 
-from adaptercl.rollout.truncation import BLOCK_POSITIONS, kept_log_mass, sampler_logprobs
+from adaptercl.rollout.truncation import BLOCK_POSITIONS, kept_log_mass, sampler_logprobs, truncated_logits
 
 
 def warped(logits, top_p, top_k):
@@ -53,6 +53,12 @@ def test_sampled_logprobs_are_those_of_the_transformers_warpers(top_p, top_k):
     torch.testing.assert_close(sampler_logprobs(logits, ids, top_p, top_k), expected, rtol=0, atol=1e-5)
     full = logits.log_softmax(-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     assert (sampler_logprobs(logits, ids, top_p, top_k) - full).mean() > 0.02  # renormalised: not the full softmax
+
+
+@pytest.mark.parametrize(("top_p", "top_k"), [(0.3, 0), (0.8, 0), (0.95, 0), (1.0, 0), (1.0, 20), (0.9, 50)])
+def test_the_truncated_logits_the_hf_engine_samples_from_are_the_transformers_warpers(top_p, top_k):
+    logits = torch.randn(6, 97, generator=torch.Generator().manual_seed(1)) * 2  # [6, 97]
+    assert torch.equal(truncated_logits(logits, top_p, top_k), warped(logits, top_p, top_k))
 
 
 def test_half_precision_logits_are_compared_in_float32():
