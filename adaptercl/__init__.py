@@ -17,9 +17,10 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from adaptercl.system import silence_bitsandbytes_kernels_notice
+from adaptercl.system import prefer_fast_mkl_path, silence_bitsandbytes_kernels_notice
 
 silence_bitsandbytes_kernels_notice()  # before any module here imports PEFT, which imports bitsandbytes
+prefer_fast_mkl_path()  # MKL_CBWR=AVX2 on an AMD CPU with AVX-512 when unset (system/cpu_kernels.py)
 
 try:
     __version__ = version("adaptercl")

@@ -164,7 +164,7 @@ class StageDir:
     def _read(self, path: Path, keys: tuple[str, ...] = (), optional: bool = False) -> dict[str, Any]:
         """One of the stage's records; one that does not parse names what to delete: the stage's folder (the whole
         stage done again), or for a measurement the stage can go without (`optional`) the file alone."""
-        redo = f"delete the folder {self.path} to redo the stage"
+        redo = f"delete the folder {self.path} to redo the stage (and any later stage's folder: each trained on it)"
         return read_record(path, f"delete it, or {redo.removeprefix('delete ')}" if optional else redo, keys)
 
 

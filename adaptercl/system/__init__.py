@@ -3,7 +3,8 @@ reader of the records written so (`atomic.py`: `read_record`, a record that does
 the data-parallel process group and its few collectives (`distributed.py`, used whole as a namespace), one line
 saying why a hub model, dataset or URL could not be had (`offline.py`), and the libraries' notices a user can do
 nothing about, silenced one message at a time (`library_notices.py`); the run's named phases, for whoever watches
-them (`phases.py`: the rehearsal). Above the grammar only for `RecipeError`.
+them (`phases.py`: the rehearsal); MKL's faster code path on AMD's AVX-512 CPUs (`cpu_kernels.py`). Above the
+grammar only for `RecipeError`.
 """
 
 from importlib import import_module
@@ -18,6 +19,7 @@ _EXPORTS = {
     "recover_dir": "atomic",
     "write_json": "atomic",
     "write_text": "atomic",
+    "prefer_fast_mkl_path": "cpu_kernels",
     "RankLost": "distributed",
     "World": "distributed",
     "distributed": "distributed",

@@ -216,6 +216,9 @@ def test_method_recipes_are_valid_and_share_the_budget(tmp_path):
     assert (sdft.rollout.group_size, sdft.rollout.max_new_tokens, sdft.distill.support) == (1, 24, "full")
     kl = resolve_recipe(science_run.method_recipe("grpo_kl", 0, tmp_path)).stages[2]
     assert (kl.method, kl.regularizers.kl_prev, kl.grpo.kl_coef) == ("grpo", 0.01, 0.0)  # KL to the stage start
+    for method in ("srpo", "srpo_continual", "srpo_gated"):  # the paper's weight decay, no 10-step warm-up in 12 steps
+        optim = resolve_recipe(science_run.method_recipe(method, 0, tmp_path)).stages[0].optim
+        assert (optim.warmup_steps, optim.weight_decay) == (0, 0.01)
     gated = resolve_recipe(science_run.method_recipe("sdpo_gated", 0, tmp_path)).stages[0].distill.teacher
     assert (gated.kind, gated.refresh_every, gated.gate_window) == ("gated", 4, 4)  # checks at steps 8 and 12
     small = science_run.method_recipe("grpo", 0, tmp_path, ["optim.steps=2", "eval.examples_per_domain=8"], None)
