@@ -192,9 +192,17 @@ def json_call(text: str, example: Example) -> RewardResult:
 
 def arithmetic(text: str, example: Example) -> RewardResult:
     """builtin:arithmetic: the last 'The answer is N' equals the gold; 0.2 for that phrase with a wrong N."""
-    found = [f for f in ANSWER_PHRASE_RE.findall(text) if re.search(r"\d", f)]
+    return _last_number(
+        text, example, ANSWER_PHRASE_RE, "End your reply with 'The answer is N.' where N is the result."
+    )
+
+
+def _last_number(text: str, example: Example, pattern: re.Pattern, how: str) -> RewardResult:
+    """The last number `pattern` finds equals the gold; 0.2 for the pattern with a wrong number; 0 and `how` (the
+    feedback saying the convention) without it."""
+    found = [f for f in pattern.findall(text) if re.search(r"\d", f)]
     if not found:
-        return RewardResult(0.0, False, "End your reply with 'The answer is N.' where N is the result.")
+        return RewardResult(0.0, False, how)
     if numbers_equal(found[-1], example.answer):
         return RewardResult(1.0, True)
     return RewardResult(FORMAT_CREDIT, False, f"The answer {found[-1]} is incorrect.", reveals_correctness=True)
@@ -213,12 +221,9 @@ def mcq(text: str, example: Example) -> RewardResult:
 def arithmetic_hash(text: str, example: Example) -> RewardResult:
     """builtin:arithmetic_hash: the last `#### N` equals the gold; 0.2 for `#### N` with a wrong N. "The answer is N"
     alone is the other convention (builtin:arithmetic's): no credit."""
-    found = [f for f in HASH_ANSWER_RE.findall(text) if re.search(r"\d", f)]
-    if not found:
-        return RewardResult(0.0, False, "End your reply with a last line '#### N' where N is the result.")
-    if numbers_equal(found[-1], example.answer):
-        return RewardResult(1.0, True)
-    return RewardResult(FORMAT_CREDIT, False, f"The answer {found[-1]} is incorrect.", reveals_correctness=True)
+    return _last_number(
+        text, example, HASH_ANSWER_RE, "End your reply with a last line '#### N' where N is the result."
+    )
 
 
 def mcq_text(text: str, example: Example) -> RewardResult:

@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     scratch = args.keep or Path(tempfile.mkdtemp(prefix="adaptercl-calibrate-"))
     try:
         result = {**provenance(), **calibrate(args.recipe, args.overrides, scratch)}
+        if args.keep is not None:  # no path of this machine in a committed result
+            result["command"] = result["command"].replace(str(args.keep), "<scratch>")
     finally:
         if args.keep is None:
             shutil.rmtree(scratch, ignore_errors=True)

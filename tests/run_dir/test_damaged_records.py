@@ -18,8 +18,9 @@ from adaptercl.run.sequence import run_recipe
 from adaptercl.ship.export import export_run
 from tests.run.test_run import tiny_recipe
 
-STAGE_FIX = "delete the folder {stage} to redo the stage"
-OPTIONAL_FIX = "delete it, or the folder {stage} to redo the stage"
+LATER = " (and any later stage's folder: each trained on it)"
+STAGE_FIX = "delete the folder {stage} to redo the stage" + LATER
+OPTIONAL_FIX = "delete it, or the folder {stage} to redo the stage" + LATER
 SUMMARY_FIX = "delete it; `adaptercl recipe run` with the run's recipe writes it again from the stages' records"
 RECIPE_FIX = "delete it; `adaptercl recipe run` with the run's recipe writes it again"
 
