@@ -118,7 +118,7 @@ def test_lora_rank_covers_every_combination_the_run_serves(tmp_path):
         vllm_lora_rank(600, "rollout.max_lora_rank")
 
 
-@pytest.mark.parametrize("engine", ["vllm", "auto", "hf"])
+@pytest.mark.parametrize("engine", [pytest.param("vllm", marks=pytest.mark.vllm), "auto", "hf"])
 def test_a_max_lora_rank_below_the_served_adapters_is_one_line_at_validate(tmp_path, capsys, engine):
     import yaml
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from importlib.metadata import version
 
 import pytest
 import torch
@@ -57,7 +58,7 @@ def test_a_rehearsal_runs_every_stage_and_writes_its_figures_and_nothing_to_resu
         "model": "tiny-random",
     }
     assert data["failed"] is None and data["stopped"] is None and data["engine"]["engine"] == "hf"
-    assert data["machine"]["label"] and data["versions"]["torch"] == torch.__version__
+    assert data["machine"]["label"] and data["versions"]["torch"] == version("torch")
     assert data["rehearsed"]["steps"] == {"one": STEPS, "two": STEPS}
     for name in ("one", "two"):  # every stage: its steps (the first the warm-up), checkpoints, saving, diagnostics
         stage = data["stages"][name]
