@@ -5,8 +5,8 @@ random stream.
 decoding over their key/value cache (one position's logits each), picks every row's next token, and drops the rows
 that just stopped (a stop token or the length cap) from the batch and from the cache, so the compute per step follows
 the rows still running rather than the batch's longest response (`generate` decodes every row until the last one
-stops). The cache's rows are selected in place of the copy `DynamicCache` makes at every step anyway (it grows by
-concatenation), so a drop costs about one more such copy.
+stops). A drop copies the kept rows' cache once (`batch_select_indices`), about what `DynamicCache`'s concatenation
+cost at every step.
 
 The distribution is `generate`'s with `repetition_penalty=1`, `top_k=0`: softmax(logits / temperature), cut to the
 nucleus of mass `top_p` as transformers' `TopPLogitsWarper` cuts it (`truncation.truncated_logits`); greedy is the
