@@ -26,7 +26,7 @@ import ctypes
 from dataclasses import dataclass
 
 from adaptercl.recipe import RecipeConfig
-from adaptercl.rollout.protocol import first_line
+from adaptercl.system import first_line
 
 AUTO = "auto"
 PLANNED_ENGINE = "vllm"  # what `recipe plan` assumes auto picks: it plans a CUDA card with vLLM installed
@@ -91,7 +91,7 @@ def _vllm_blocker(needs: tuple[bool, bool]) -> tuple[str | None, str]:
     try:
         import vllm
     except Exception as err:  # noqa: BLE001 - any failure at import (missing, or built for another torch) is the reason
-        return f"vLLM does not import ({type(err).__name__}: {first_line(err, 200)})", ""
+        return f"vLLM does not import ({first_line(err)})", ""
     import torch  # vLLM imported it already
 
     if not torch.cuda.is_available():

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from adaptercl.recipe import RecipeError
-from adaptercl.rollout.protocol import Completion, SamplingParams, first_line
+from adaptercl.rollout.protocol import Completion, SamplingParams
+from adaptercl.system import first_line
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,8 @@ class EngineFailure:
     @classmethod
     def of(cls, phase: str, err: Exception) -> EngineFailure:
         if isinstance(err, RecipeError):
-            return cls(phase, first_line(err), recipe_error=True)
-        return cls(phase, f"{type(err).__name__}: {first_line(err)}")
+            return cls(phase, str(err), recipe_error=True)  # our own check: one line already
+        return cls(phase, first_line(err))  # "<type>: <first line>"
 
     def reason(self) -> str:
         """The `rollout_engine` event's reason under auto."""

@@ -1,8 +1,7 @@
 """What every rollout engine implements and returns: the `RolloutEngine` protocol (generate under named adapters,
 sync adapters, sleep and wake), `SamplingParams`, `Completion` (with `Completion.from_tokens` for vLLM samples),
-`RolloutServerError`, a rollout server that cannot be reached or fails, which the CLI prints as one line, and
-`first_line`, an engine's error in one line. The engines themselves: `hf.py`, `vllm.py`, `vllm_server.py`; the run's
-choice of one: `engines.py`.
+and `RolloutServerError`, a rollout server that cannot be reached or fails, which the CLI prints as one line. The
+engines themselves: `hf.py`, `vllm.py`, `vllm_server.py`; the run's choice of one: `engines.py`.
 """
 
 from __future__ import annotations
@@ -72,12 +71,6 @@ def row_requests(prompts: list[list[int]], params: SamplingParams) -> list[tuple
         for i, p in enumerate(prompts)
         for j in range(params.n)
     ]
-
-
-def first_line(err: BaseException, limit: int = 300) -> str:
-    """An error's first line (its message's; "no message" when empty), at most `limit` characters."""
-    text = str(err).strip().splitlines()
-    return (text[0] if text else "no message")[:limit]
 
 
 class RolloutServerError(RuntimeError):
