@@ -62,6 +62,7 @@ from adaptercl.train import (  # the lift's measurement and helpers live in trai
     lift_summary,
     paired_answers,
     rollout_sampling,
+    scored_rollout,
     seeded_sample,
     step_seed,
 )
@@ -75,7 +76,7 @@ STAGE_KL_SEED = 5_000_000
 
 def teacher_lift(ctx: StageContext, num_prompts: int, max_new_tokens: int) -> dict[str, Any]:
     """The teacher lift of the stage about to start (see the module docstring): JSON-ready."""
-    stage, tok, domain, teacher = ctx.stage, ctx.tokenizer, ctx.domain, ctx.teacher
+    stage, domain, teacher = ctx.stage, ctx.domain, ctx.teacher
     if teacher is None:
         raise ValueError(f"teacher lift needs the stage's teacher: a {stage.method} stage has none")
     group = stage.rollout.group_size
@@ -91,14 +92,11 @@ def teacher_lift(ctx: StageContext, num_prompts: int, max_new_tokens: int) -> di
     }
     if not examples:  # no train prompt could get a context: nothing to generate
         return {**record, "context_frac": 0.0, "rollout_correct_frac": None, **lift_summary([], [], [], [])}
-    prompt_ids = [encode_chat(tok, ex.messages) for ex in examples]
-    samples = [ex for ex in examples for _ in range(group)]  # [N] group-contiguous, N = prompts x G
     greedy = SamplingParams(max_new_tokens=max_new_tokens, greedy=True)
     rollout = rollout_sampling(stage, step_seed(ctx.recipe.seed, ctx.index, LIFT_ROLLOUT_SEED))
     with isolated(ctx.model):
-        completions = [c for g in ctx.engine.generate(prompt_ids, ctx.policy_adapters, rollout) for c in g]  # [N]
-        results = domain.score([c.text for c in completions], [c.token_ids for c in completions], samples)
-        pairs = paired_answers(ctx, examples, completions, results, greedy, every_prompt=False)  # where a context is
+        completions, results = scored_rollout(ctx, examples, rollout)  # [N] group-contiguous, N = prompts x G
+        pairs = paired_answers(ctx, examples, completions, results, greedy)  # where a context is
     return {
         **record,
         "context_frac": pairs.context_frac,  # samples given a teacher context

@@ -22,6 +22,7 @@ _EXPORTS = {
     "isolated": "lift",
     "lift_summary": "lift",
     "paired_answers": "lift",
+    "scored_rollout": "lift",
     "seeded_sample": "lift",
     "choose_micro_batch": "micro_batch",
     "run_stage": "stage",

@@ -60,6 +60,17 @@ def seeded_sample(items: Sequence[T], count: int, seed: int) -> list[T]:
     return [items[i] for i in order]
 
 
+def scored_rollout(
+    ctx: StageContext, examples: list[Example], params: SamplingParams
+) -> tuple[list[Completion], list[RewardResult]]:
+    """A group rollout of `examples` [P] from the student at `params` (`params.n` samples each), scored by the
+    domain's reward: completions and results [P x n], group-contiguous."""
+    prompts = [encode_chat(ctx.tokenizer, ex.messages) for ex in examples]
+    completions = [c for g in ctx.engine.generate(prompts, ctx.policy_adapters, params) for c in g]  # [P x n]
+    samples = [ex for ex in examples for _ in range(params.n)]
+    return completions, ctx.domain.score([c.text for c in completions], [c.token_ids for c in completions], samples)
+
+
 @dataclass
 class LiftPairs:
     """The greedy answers of one measurement on P prompts (N = P x G samples, group-contiguous)."""
@@ -78,12 +89,10 @@ def paired_answers(
     completions: list[Completion],
     results: list[RewardResult],
     params: SamplingParams,
-    every_prompt: bool = True,
 ) -> LiftPairs:
     """The teacher's and the student's greedy answers on `examples` [P] whose group rollout `completions` [P x G] was
-    scored `results` (see the module docstring); `params` the greedy decoding. `every_prompt`: decode the student on
-    every prompt (the diagnostic's `student_accuracy_all`), else only where a context exists (the lift needs no more).
-    Call it inside `isolated`."""
+    scored `results` (see the module docstring); `params` the greedy decoding. The student is decoded only on the
+    prompts where a context exists (the lift needs no more). Call it inside `isolated`."""
     stage, tok, domain, group = ctx.stage, ctx.tokenizer, ctx.domain, ctx.stage.rollout.group_size
     samples = [ex for ex in examples for _ in range(group)]  # [N]
     shown = TEACHER_PROMPTS[stage.method](
@@ -98,7 +107,7 @@ def paired_answers(
     )
     with_context = [i for i, has in enumerate(shown.has_target) if has]
     prompt_of = [i // group for i in with_context]
-    decoded = range(len(examples)) if every_prompt else sorted(set(prompt_of))
+    decoded = sorted(set(prompt_of))
     student_ids = [encode_chat(tok, examples[p].messages) for p in decoded]
     answers = greedy_correct(
         ctx.engine, domain, [examples[p] for p in decoded], student_ids, ctx.policy_adapters, params

@@ -49,12 +49,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaptercl.domains import Example, RewardResult
-from adaptercl.model import encode_chat
 from adaptercl.recipe import METHODS, LiftGateConfig, StageConfig
 from adaptercl.rollout import Completion, SamplingParams
 from adaptercl.system import distributed
 from adaptercl.train.context import StageContext, rollout_sampling, step_seed
-from adaptercl.train.lift import isolated, lift_summary, paired_answers, seeded_sample
+from adaptercl.train.lift import isolated, lift_summary, paired_answers, scored_rollout, seeded_sample
 
 # step_seed offsets of the gate's own draws (the stage's: 1_000_000 data order, 2_000_000 distillation mask, 3_000_000
 # replay; the diagnostics': 4_000_000, 4_000_001, 5_000_000), plus the step
@@ -155,7 +154,7 @@ def measure_lift(ctx: StageContext, step: int, own_indices: list[int], own: list
         for groups in _chunks(ctx, step, own[: cfg.prompts], drawn):
             pairs = paired_answers(
                 ctx, [g[0] for g in groups], [c for g in groups for c in g[1]], [r for g in groups for r in g[2]],
-                greedy, every_prompt=False,
+                greedy,
             )  # fmt: skip
             prompt_of += [tried + p for p in pairs.prompt_of]  # prompt indices over the whole check
             kinds += pairs.kinds
@@ -187,9 +186,8 @@ def _roll_out(ctx: StageContext, examples: list[Example], step: int, first_row: 
     numbered from `first_row` x G, so each chunk samples with seeds of its own), scored by the domain's reward."""
     group = ctx.stage.rollout.group_size
     params = rollout_sampling(ctx.stage, step_seed_of(ctx, GATE_ROLLOUT_SEED, step), first_row=first_row * group)
-    prompts = [encode_chat(ctx.tokenizer, ex.messages) for ex in examples]
-    rollouts = ctx.engine.generate(prompts, ctx.policy_adapters, params)  # [P][G]
-    samples = [ex for ex in examples for _ in range(group)]
-    flat = [c for g in rollouts for c in g]  # [P x G]
-    results = ctx.domain.score([c.text for c in flat], [c.token_ids for c in flat], samples)
-    return [(ex, g, results[k * group : (k + 1) * group]) for k, (ex, g) in enumerate(zip(examples, rollouts))]
+    completions, results = scored_rollout(ctx, examples, params)  # [P x G]
+    return [
+        (ex, completions[k * group : (k + 1) * group], results[k * group : (k + 1) * group])
+        for k, ex in enumerate(examples)
+    ]

@@ -152,9 +152,9 @@ def test_the_measurement_logs_its_evidence_and_leaves_training_untouched(tmp_pat
     spied = []
     original = lift_gate.paired_answers
 
-    def spy(ctx, examples, completions, results, params, every_prompt=True):
+    def spy(ctx, examples, completions, results, params):
         spied.append([ex.id for ex in examples])
-        return original(ctx, examples, completions, results, params, every_prompt)
+        return original(ctx, examples, completions, results, params)
 
     monkeypatch.setattr(lift_gate, "paired_answers", spy)
     monkeypatch.setattr(lift_gate, "passes", lambda summary, rule, min_pairs: True)  # measured for real, kept open
