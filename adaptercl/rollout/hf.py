@@ -6,8 +6,8 @@ prefix computed once (`prefix_sharing`); otherwise they are left-padded per batc
 logits / temperature, cut to the top-p nucleus the rows were sampled from: `truncation.py`) are computed on request by
 one no-grad teacher-forced forward (`response_logprobs`, also the reference the vLLM engines' logprobs are tested
 against), because transformers' `output_logits` would keep a [batch, vocab] tensor per generated token. While
-decoding, the active LoRA adapters are folded into float32 base weights (`folded_lora`); logprobs are computed
-unfolded.
+decoding, the active LoRA adapters are folded into float32 base weights (`folded_lora`) and, on CPU, the float32
+linear weights are packed for oneDNN (`packed_weights`); logprobs are computed unfolded and unpacked.
 
 Decoding is `rollout/decode.py`'s loop, not `transformers.generate`: rows that stop leave the batch, and row j of
 a call samples from its own generator seeded `rollout.row_seed(params.seed, params.first_row + j)`, so a row's
@@ -26,6 +26,7 @@ from adaptercl.adapters import active_adapters
 from adaptercl.model import build_batch, output_cache, prefill, prefix_layout, response_logits
 from adaptercl.rollout.decode import decode
 from adaptercl.rollout.folded_lora import folded_lora
+from adaptercl.rollout.packed_weights import packed_linears
 from adaptercl.rollout.protocol import Completion, SamplingParams, row_seed
 from adaptercl.rollout.truncation import sampler_logprobs
 
@@ -63,7 +64,8 @@ class HFEngine:
         out: list[Completion] = []
         try:
             with active_adapters(self.model, adapters):
-                with folded_lora(self.model) if self.fold_lora else contextlib.nullcontext():
+                folded = folded_lora(self.model) if self.fold_lora else contextlib.nullcontext()
+                with folded, packed_linears(self.model):
                     for start in range(0, len(expanded), self.batch_size):
                         first = params.first_row + start
                         seeds = [row_seed(params.seed, first + i) for i in range(self.batch_size)]
