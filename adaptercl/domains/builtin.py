@@ -4,6 +4,8 @@
 |-----------------|----------------------------------------------|--------------------------|-----------------|
 | arithmetic      | single-digit + - x, several phrasings        | `... The answer is N.`   | arithmetic      |
 | arithmetic_hash | arithmetic's questions, GSM8K's answer line  | last line `#### N`       | arithmetic_hash |
+| calc_hash       | arithmetic, both answer lines shown          | last line `#### N`       | arithmetic_hash |
+| calc_says       | the same, other phrasings                    | `... The answer is N.`   | arithmetic      |
 | mcq             | pick the member of a category (3 options)    | `<answer>X</answer>`     | mcq             |
 | mcq_text        | mcq's questions, answered with the option    | `<answer>word</answer>`  | mcq_text        |
 | toolcall        | JSON call of one of two listed functions     | `{"name", "arguments"}`  | json_call       |
@@ -86,8 +88,9 @@ ARITHMETIC_TEMPLATES = {
 }
 
 
-def _arithmetic_question(rng: random.Random) -> tuple[str, int, int, int, str, tuple]:
-    """(operator, a, b, value, question, fact): the draws arithmetic and arithmetic_hash share, in this order."""
+def _arithmetic_question(rng: random.Random, templates: dict[str, list[str]] = ARITHMETIC_TEMPLATES) -> tuple:
+    """(operator, a, b, value, question, fact): the draws arithmetic and its variants share, in this order; the
+    question's phrasing from `templates` (operator -> phrasings)."""
     op = rng.choice("+-*")
     a, b = rng.randint(1, 9), rng.randint(1, 9)
     if op == "-" and b > a:
@@ -95,7 +98,7 @@ def _arithmetic_question(rng: random.Random) -> tuple[str, int, int, int, str, t
     if op == "*":
         a = rng.randint(2, 5)
     value = a + b if op == "+" else a - b if op == "-" else a * b
-    question = rng.choice(ARITHMETIC_TEMPLATES[op]).format(a=a, b=b)
+    question = rng.choice(templates[op]).format(a=a, b=b)
     fact = (op, a, b) if op == "-" else (op, min(a, b), max(a, b))  # + and x commute: one fact per operand pair
     return op, a, b, value, question, fact
 
@@ -107,14 +110,58 @@ def make_arithmetic(rng: random.Random) -> Made:
 
 
 # The same questions and facts as arithmetic with GSM8K's answer line instead of "The answer is N.": the pair
-# conflicts on similar inputs (issue 37), so training one convention can overwrite the other.
+# conflicts on similar inputs (issue 37), so training one convention can overwrite the other. The instruction alone
+# gave 0 of 100 eval answers in that format (science pilots, README "Issue 37: pilots"), so a one-shot exchange shows
+# it, as mcq's does; its operands lie outside the generator's (1-9), so it asks no train or eval fact.
 ARITHMETIC_HASH_SYSTEM = "You are a calculator. End your reply with a last line '#### N' where N is the result."
+ARITHMETIC_HASH_SHOT = [
+    {"role": "user", "content": "What is 12 + 15?"},
+    {"role": "assistant", "content": "12 + 15 = 27.\n#### 27"},
+]
 
 
 def make_arithmetic_hash(rng: random.Random) -> Made:
     op, a, b, value, question, fact = _arithmetic_question(rng)
-    messages = [{"role": "system", "content": ARITHMETIC_HASH_SYSTEM}, {"role": "user", "content": question}]
+    messages = [
+        {"role": "system", "content": ARITHMETIC_HASH_SYSTEM},
+        *ARITHMETIC_HASH_SHOT,
+        {"role": "user", "content": question},
+    ]
     return messages, str(value), f"{a} {op} {b} = {value}.\n#### {value}", fact
+
+
+# A pair on similar inputs whose prompts do not say which answer line is wanted: the same neutral system prompt and
+# a two-shot exchange that shows both (GSM8K's `#### N`, then "The answer is N."), so the base model writes each in
+# about 30 % of its samples (SmolLM2-135M-Instruct, T 1, 160 samples). Only the reward says which one counts:
+# calc_hash's `#### N` (arithmetic_hash's reward), calc_says's "The answer is N." (arithmetic's). The two ask the
+# same facts in different phrasings (CALC_TEMPLATES), so a policy can keep both conventions apart by the question's
+# wording, and one that learns the second convention everywhere forgets the first (issue 37: a sequence on which
+# GRPO forgets; the science pilots, README "Issue 37: pilots"). The shots' operands lie outside the generator's.
+CALC_SYSTEM = "You are a calculator."
+CALC_SHOTS = [
+    {"role": "user", "content": "What is 12 + 15?"},
+    {"role": "assistant", "content": "12 + 15 = 27.\n#### 27"},
+    {"role": "user", "content": "What is 14 + 11?"},
+    {"role": "assistant", "content": "14 + 11 = 25. The answer is 25."},
+]
+# calc_hash: "What is a + b?", "Compute a + b.", "Calculate a + b."; calc_says: arithmetic's other three phrasings
+CALC_TEMPLATES = {
+    "calc_hash": {op: [t[0], t[3], f"Calculate {{a}} {op} {{b}}."] for op, t in ARITHMETIC_TEMPLATES.items()},
+    "calc_says": {op: [t[1], t[2], t[4]] for op, t in ARITHMETIC_TEMPLATES.items()},
+}
+
+
+def _make_calc(name: str, answer_line: str) -> Callable[[random.Random], Made]:
+    def make(rng: random.Random) -> Made:
+        op, a, b, value, question, fact = _arithmetic_question(rng, CALC_TEMPLATES[name])
+        messages = [{"role": "system", "content": CALC_SYSTEM}, *CALC_SHOTS, {"role": "user", "content": question}]
+        return messages, str(value), f"{a} {op} {b} = {value}." + answer_line.format(value), fact
+
+    return make
+
+
+make_calc_hash = _make_calc("calc_hash", "\n#### {}")
+make_calc_says = _make_calc("calc_says", " The answer is {}.")
 
 
 # ---------------------------------------------------------------------------------------------------- mcq
@@ -290,6 +337,8 @@ def make_copy(rng: random.Random) -> Made:
 BUILTINS: dict[str, tuple[Callable[[random.Random], Made], str, list[str]]] = {
     "arithmetic": (make_arithmetic, "arithmetic", [r"[Tt]he answer is"]),
     "arithmetic_hash": (make_arithmetic_hash, "arithmetic_hash", [r"####"]),
+    "calc_hash": (make_calc_hash, "arithmetic_hash", [r"####"]),
+    "calc_says": (make_calc_says, "arithmetic", [r"[Tt]he answer is"]),
     "mcq": (make_mcq, "mcq", [r"<answer>", r"</answer>"]),
     "mcq_text": (make_mcq_text, "mcq_text", [r"<answer>\s*[^<\s]{2,}"]),  # a word in the tags, not a letter
     "toolcall": (make_toolcall, "json_call", [r"\{\s*\"name\"\s*:", r"\"arguments\"\s*:"]),
@@ -297,7 +346,12 @@ BUILTINS: dict[str, tuple[Callable[[random.Random], Made], str, list[str]]] = {
 }
 # A variant asks its original's facts: the same fact partition (`is_eval_fact` keyed by the original's name), so a
 # variant's training never asks the original's eval facts and the pair's eval sets ask the same facts.
-FACT_PARTITION = {"arithmetic_hash": "arithmetic", "mcq_text": "mcq"}
+FACT_PARTITION = {
+    "arithmetic_hash": "arithmetic",
+    "calc_hash": "arithmetic",
+    "calc_says": "arithmetic",
+    "mcq_text": "mcq",
+}
 
 
 def load_builtin(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:

@@ -25,6 +25,8 @@ SEQUENCES: dict[str, list[tuple[str, int]]] = {
     "arithmetic-arithmetic_hash": [("arithmetic", 12), ("arithmetic_hash", 12)],
     "arithmetic_hash-arithmetic": [("arithmetic_hash", 12), ("arithmetic", 12)],
     "mcq-arithmetic": [("mcq", 12), ("arithmetic", 12)],
+    "calc_hash-calc_says": [("calc_hash", 12), ("calc_says", 12)],
+    "calc_says-calc_hash": [("calc_says", 12), ("calc_hash", 12)],
 }
 
 
@@ -73,8 +75,11 @@ FORGETTING = {
 }
 COLLECTIONS: dict[str, Collection] = {
     "issue25": Collection(None, {m: [0, 1, 2] for m in ISSUE25}, ".", "runs/science"),
-    # the sequence: the pilots' choice (README "Issue 37: pilots"); None until they have run
-    "forgetting": Collection(None, FORGETTING, "forgetting", "runs/science-forgetting", needs_sequence=True),
+    # the sequence: the pilots' choice (README "Issue 37: pilots", pilots.md): of the candidates that met the
+    # criterion on seed 100, the one with the highest lower end of GRPO's forgetting interval
+    "forgetting": Collection(
+        "calc_hash-calc_says", FORGETTING, "forgetting", "runs/science-forgetting", needs_sequence=True
+    ),
 }
 DEFAULT_COLLECTION = "issue25"
 

@@ -62,7 +62,7 @@ def test_builtin_arithmetic_disjoint_by_fact_not_only_phrasing():
 
 def fact_of(name: str, e) -> tuple | str:
     """The fact a builtin example asks about, read back from its text (not from the generator)."""
-    if name in ("arithmetic", "arithmetic_hash"):
+    if name in ("arithmetic", "arithmetic_hash", "calc_hash", "calc_says"):
         a, op, b = e.demonstration.split()[:3]  # "a op b = v. The answer is v." / "a op b = v.\n#### v"
         return (op, *sorted((int(a), int(b)))) if op in "+*" else (op, int(a), int(b))
     if name in ("mcq", "mcq_text"):
@@ -117,6 +117,8 @@ def test_builtin_demonstrations_are_correct_and_wrong_answers_get_feedback(name)
     wrong = {
         "arithmetic": "The answer is 1000.",
         "arithmetic_hash": "#### 1000",
+        "calc_hash": "#### 1000",
+        "calc_says": "The answer is 1000.",
         "mcq": "<answer>Z</answer>",
         "mcq_text": "<answer>zebra</answer>",
         "toolcall": '{"name": "nothing", "arguments": {}}',
@@ -141,7 +143,10 @@ def test_builtin_format_patterns_are_distinct():
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize(("original", "variant"), [("arithmetic", "arithmetic_hash"), ("mcq", "mcq_text")])
+@pytest.mark.parametrize(
+    ("original", "variant"),
+    [("arithmetic", "arithmetic_hash"), ("mcq", "mcq_text"), ("arithmetic", "calc_hash"), ("arithmetic", "calc_says")],
+)
 def test_a_variant_shares_its_original_s_fact_partition(original, variant, seed):
     # neither domain of the pair ever trains on an eval fact of the other (a sequence of the two stays clean)
     d = builtin(variant, seed=seed, num_eval=50)
@@ -163,6 +168,31 @@ def test_a_variant_asks_the_same_question_and_each_convention_fails_the_other(or
         a, b = Example("a", msgs_a, gold_a, demo_a), Example("b", msgs_b, gold_b, demo_b)
         assert REWARDS[reward_a](demo_a, a).correct and not REWARDS[reward_a](demo_b, a).correct
         assert REWARDS[reward_b](demo_b, b).correct and not REWARDS[reward_b](demo_a, b).correct
+
+
+def test_the_calc_pair_differs_only_in_phrasing_and_the_convention_its_reward_wants():
+    hash_, says = builtin("calc_hash", num_eval=100), builtin("calc_says", num_eval=100)
+    for d in (hash_, says):
+        for e in d.eval + d.train:
+            assert e.messages[:-1] == hash_.eval[0].messages[:-1]  # one system prompt and two-shot, naming neither
+            assert d.reward(e.demonstration, e).correct
+    shots = [m["content"] for m in hash_.eval[0].messages if m["role"] == "assistant"]
+    assert shots[0].endswith("#### 27") and shots[1].endswith("The answer is 25.")  # both conventions shown
+    wording = {d.name: {re.sub(r"\d+", "N", e.messages[-1]["content"]) for e in d.eval + d.train} for d in (hash_, says)}
+    assert not wording["calc_hash"] & wording["calc_says"] and len(wording["calc_hash"]) == 9  # 3 phrasings x 3 ops
+    for a, b in ((hash_, says), (says, hash_)):  # each convention fails the other's reward
+        assert not any(b.reward(e.demonstration, Example("x", e.messages, e.answer, "")).correct for e in a.eval)
+
+
+def test_arithmetic_hash_shows_its_convention_in_a_one_shot_of_no_generator_fact():
+    d = builtin("arithmetic_hash", num_eval=30, num_train=100)
+    for e in d.eval + d.train:
+        system, shot_user, shot_reply, request = e.messages
+        assert "####" in system["content"] and shot_reply["content"].endswith("\n#### 27")
+        assert d.reward(shot_reply["content"], Example("shot", e.messages, "27", "")).correct  # the shot obeys it
+        a, b = (int(n) for n in re.findall(r"\d+", shot_user["content"]))
+        assert min(a, b) > 9  # the generator's operands are 1-9: the shot asks no train or eval fact
+        assert request["role"] == "user" and fact_of("arithmetic_hash", e)[1] <= 9
 
 
 def test_toolcall_one_shot_lists_both_functions_and_copying_the_example_is_wrong():
