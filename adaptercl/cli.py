@@ -44,6 +44,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from typing import Any
 
 from adaptercl.recipe import RecipeError
@@ -53,6 +54,7 @@ PLAN_CARDS = ("rtx3090", "rtx4090")  # plan.wall_time.CARDS (not imported here: 
 
 
 def main(argv: list[str] | None = None) -> int:
+    entered = time.monotonic()  # a command's own clock (`recipe rehearse` counts its minutes from here)
     parser = argparse.ArgumentParser(prog="adaptercl", description="Continual LoRA post-training of LLMs.")
     sub = parser.add_subparsers(dest="command", required=True)
     recipe = sub.add_parser("recipe", help="run, validate or show a recipe").add_subparsers(
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("export_dir", help="a folder written by `adaptercl export`")
     _server_options(serve)
     args = parser.parse_args(argv)
+    args.entered = entered
     logging.basicConfig(level=os.environ.get("ADAPTERCL_LOG", "WARNING"), format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.command == "recipe":
@@ -195,7 +198,7 @@ def _rehearse(args: argparse.Namespace, recipe: Any) -> int:
     out = Path(args.out or recipe.output_dir.rstrip("/\\") + "-rehearsal")
     source = {"file": args.file, "overrides": list(args.overrides)}
     progress = PlainProgress(recipe, sys.stderr)  # progress on stderr, the figures on stdout
-    done = rehearse(recipe, out, args.minutes, args.random_weights, progress, source)
+    done = rehearse(recipe, out, args.minutes, args.random_weights, progress, source, time.monotonic() - args.entered)
     print(beside_plan(recipe, done.result))
     print(f"written: {done.path} (the whole plan: adaptercl recipe plan {args.file} --rehearsal {done.path})")
     if done.failure is not None:

@@ -116,3 +116,14 @@ def test_the_meter_stops_at_its_deadline_and_keeps_each_span():
     assert [(s.name, s.depth) for s in meter.spans] == [("rollout", 1), ("train", 0)]
     assert meter.stopped == "the time limit came before the next phase (eval)" and meter.failed_in is None
     assert memory["rollout"]["peak_resident_gib"] > 0 and meter.stack == []
+
+
+def test_the_minutes_count_from_the_command_not_from_a_long_lived_process(monkeypatch):
+    from adaptercl.run import rehearsal
+
+    monkeypatch.setattr(rehearsal, "process_age_s", lambda: 2.5)  # a console script: its process began with it
+    assert rehearsal.startup_s(0.4) == 2.5  # interpreter and imports count
+    monkeypatch.setattr(rehearsal, "process_age_s", lambda: 300.0)  # the tests, a notebook: the process is older
+    assert rehearsal.startup_s(0.4) == 0.4  # only the command's own time (it used to be 300 s: no phase would open)
+    monkeypatch.setattr(rehearsal, "process_age_s", lambda: None)  # no /proc
+    assert rehearsal.startup_s(0.4) == 0.4
