@@ -178,7 +178,9 @@ def test_the_calc_pair_differs_only_in_phrasing_and_the_convention_its_reward_wa
             assert d.reward(e.demonstration, e).correct
     shots = [m["content"] for m in hash_.eval[0].messages if m["role"] == "assistant"]
     assert shots[0].endswith("#### 27") and shots[1].endswith("The answer is 25.")  # both conventions shown
-    wording = {d.name: {re.sub(r"\d+", "N", e.messages[-1]["content"]) for e in d.eval + d.train} for d in (hash_, says)}
+    wording = {
+        d.name: {re.sub(r"\d+", "N", e.messages[-1]["content"]) for e in d.eval + d.train} for d in (hash_, says)
+    }
     assert not wording["calc_hash"] & wording["calc_says"] and len(wording["calc_hash"]) == 9  # 3 phrasings x 3 ops
     for a, b in ((hash_, says), (says, hash_)):  # each convention fails the other's reward
         assert not any(b.reward(e.demonstration, Example("x", e.messages, e.answer, "")).correct for e in a.eval)
