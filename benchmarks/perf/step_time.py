@@ -123,6 +123,14 @@ def plain_model_folder(name: str, work: Path) -> tuple[str, str]:
     return str(clean), f"symlinks to {path}; config.json without quantization_config {dropped}"
 
 
+def portable_path(text: str) -> str:
+    """`text` with no machine path: adaptercl's model cache (`ADAPTERCL_CACHE`, default ~/.cache/adaptercl) as
+    `<adaptercl cache>`, then the home folder as ~."""
+    from adaptercl.model.base import cache_root
+
+    return text.replace(str(cache_root()), "<adaptercl cache>").replace(str(Path.home()), "~")
+
+
 def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
     """A GRPO stage set up as `run_recipe` does (student adapter on the loaded base), minus the evaluations."""
     import torch
@@ -335,8 +343,8 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     prompt_lengths = [len(encode_chat(ctx.tokenizer, ex.messages)) for ex in ctx.domain.train]
     return {
         "model": args.model,
-        "model_path": model_path.replace(str(Path.home()), "~"),  # no machine path: the home folder as ~
-        "model_folder": model_note.replace(str(Path.home()), "~"),
+        "model_path": portable_path(model_path),
+        "model_folder": portable_path(model_note),
         "workload": {k: getattr(args, k) for k in ("workload", "domain", "prompts_per_step", "group_size")}
         | {k: getattr(args, k) for k in ("max_new_tokens", "lr", "seed")}
         | {"prompt_tokens": {"mean": statistics.fmean(prompt_lengths), "max": max(prompt_lengths)}}
