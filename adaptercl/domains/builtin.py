@@ -139,8 +139,7 @@ def make_arithmetic_hash(rng: random.Random) -> Made:
 # GRPO forgets; the science pilots, README "Issue 37: pilots"). The shots' operands lie outside the generator's.
 CALC_SYSTEM = "You are a calculator."
 CALC_SHOTS = [
-    {"role": "user", "content": "What is 12 + 15?"},
-    {"role": "assistant", "content": "12 + 15 = 27.\n#### 27"},
+    *ARITHMETIC_HASH_SHOT,
     {"role": "user", "content": "What is 14 + 11?"},
     {"role": "assistant", "content": "14 + 11 = 25. The answer is 25."},
 ]
