@@ -7,6 +7,8 @@ What a record holds, and where from (layout: adaptercl/run_dir/layout.py):
   prompts), None where it was off.
 - teacher_lift[k−1]: stage k's teacher_lift.json (None for a method without a self-teacher).
 - signals[k−1]: stage k's per-step training traces of `signals.SIGNALS` (reward, route shares, refreshes).
+- lift_gate[k−1]: stage k's lift gate, each step's open flag and each check's evidence (`gate.stage_gate`; None for a
+  stage without a gate).
 - artifacts[k−1]: stage k's formatting artifacts on its own domain against the base (`measure.artifacts`, from the
   eval.json `completions`; None for a run older than them), its `top` cut to `TOP_KEPT` n-grams.
 - the final stage's parameter and response drift, the collapse guard's events, the largest in-stage reward drop,
@@ -19,6 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
+from gate import stage_gate
 from signals import stage_traces
 
 from adaptercl.measure.artifacts import stage_artifacts
@@ -52,7 +55,7 @@ def collect_run(run_dir: Path, method: str, seed: int) -> dict | None:
     missing = [stage for stage, row in zip(stage_dirs, rows) if any("correct" not in row[d] for d in domains)]
     if missing:
         raise SystemExit(f"{run_dir}: eval.json of {missing[0]} has no per-example `correct` (a run older than it)")
-    stage_kl, lift, events, drops, signals, train_seconds = [], [], [], [], [], 0.0
+    stage_kl, lift, events, drops, signals, gates, train_seconds = [], [], [], [], [], [], 0.0
     for stage in stage_dirs[1:]:
         drift = json.loads((run_dir / stage / "drift.json").read_text())
         stage_kl.append(drift.get("stage_kl"))
@@ -63,6 +66,7 @@ def collect_run(run_dir: Path, method: str, seed: int) -> dict | None:
         events += [f"{stage} step {r['step']}: {r['event']} ({r['action']})" for r in metrics if "event" in r]
         drops.append(reward_drop([r["reward_mean"] for r in metrics if "event" not in r]))
         signals.append(stage_traces(metrics))
+        gates.append(stage_gate(metrics))
         train_seconds += json.loads((run_dir / stage / "done.json").read_text())["train_seconds"]
     parameter = drift.get("parameter", {}).get("aggregate", {})  # the final stage's drift vs the base
     response = drift.get("response", {})
@@ -91,6 +95,7 @@ def collect_run(run_dir: Path, method: str, seed: int) -> dict | None:
         "guard_events": events,
         "reward_drop": max(drops),
         "signals": signals,  # [K][key] -> per-step values (signals.SIGNALS)
+        "lift_gate": gates,  # [K] gate.stage_gate: open flags per step, checks (None: no gate)
         "artifacts": [None if a is None else {**a, "top": a["top"][:TOP_KEPT]} for a in artifacts],  # [K]
         "train_minutes": train_seconds / 60,
         "provenance": provenance,  # git, command, started_at, load_average_at_start, exit, wall_s

@@ -13,6 +13,7 @@ from typing import Any
 
 from analysis import hybrid_goal, kl_vs_forgetting, paper_checks, summarise, teacher_lift_table
 from format_artifacts import artifact_table, artifacts_md
+from gate import gate_md, gate_table
 from headline import general_delta, learnable_stages, pareto_points, peak_final, versus_reference
 from plots import pareto, plot
 from provenance import command, git_revision, machine, versions
@@ -73,6 +74,7 @@ def write_results(
         "summary": summary,
         "teacher_lift": lift_rows,
         "training_signals": signal_table(runs),
+        "lift_gate": gate_table(runs),
         "formatting_artifacts": artifact_table(runs, reference),
         "kl_vs_forgetting": kl_vs_forgetting(summary, runs, resamples),
         "paper_checks": paper_checks(summary, draws, lift_rows),
@@ -179,6 +181,7 @@ def markdown(data: dict, runs: dict[str, dict[int, dict]]) -> str:
     L += headline_md(data)
     L += teacher_lift_md(data["teacher_lift"])
     L += signals_md(data["training_signals"])
+    L += gate_md(data.get("lift_gate", []))
     L += artifacts_md(data.get("formatting_artifacts", []), data["headline"]["reference"])
     L += kl_md(data["kl_vs_forgetting"])
     L += [

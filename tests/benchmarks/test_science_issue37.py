@@ -18,6 +18,7 @@ collect = importlib.import_module("collect")
 headline = importlib.import_module("headline")
 results = importlib.import_module("results")
 format_artifacts = importlib.import_module("format_artifacts")
+gate = importlib.import_module("gate")
 sweeps = importlib.import_module("sweeps")
 pilot = importlib.import_module("pilot")
 
@@ -205,3 +206,59 @@ def test_results_of_a_collection_with_unequal_seeds_and_artifacts(tmp_path):
     assert "| grpo | 3 | " in md and "| hybrid | 2 | " in md  # the per-method table's seeds column
     assert "| hybrid | 1 (a) | 2 | 1.000 | 0.500 | 2.00 [2.00, 2.00] | 1.00 [1.00, 1.00] |" in md
     assert data["meta"]["setting"]["seeds"] == seeds and data["formatting_artifacts"][0]["method"] == "grpo"
+
+
+# -------------------------------------------------------------------------------------------------- lift gate
+
+
+def gated_metrics(opens: list[int], checks: dict[int, tuple[int, float | None]]) -> str:
+    """A stage's metrics.jsonl: `lift_gate_open` per step; at the steps in `checks` a check with (n, lift) and an
+    interval of lift ± 0.1 (none when n = 0), plus a guard event line that is not a step."""
+    lines = []
+    for i, is_open in enumerate(opens):
+        row = {"step": i + 1, "reward_mean": 0.5, "lift_gate_open": float(is_open)}
+        if i + 1 in checks:
+            n, lift = checks[i + 1]
+            row.update(lift_gate_check=1.0, lift_gate_prompts=16.0, lift_gate_n=float(n))
+            if n:
+                row.update(lift_gate_lift=lift, lift_gate_lift_lo=lift - 0.1, lift_gate_lift_hi=lift + 0.1)
+        lines.append(json.dumps(row))
+    lines.append(json.dumps({"event": "reward_collapse", "action": "warn", "step": 2, "message": "m"}))
+    return "\n".join(lines)
+
+
+def test_the_lift_gate_per_stage_is_collected_and_summarised_by_hand(tmp_path):
+    # hybrid_gated, 6 steps a stage, checks at steps 1 and 4. Stage 1 (a): seed 0 opens at step 1 (lift 0.5 over 9
+    # pairs) and closes at step 4 (0.1 over 8): 3 of 6 steps distil; seed 1 opens at 1 and again at 4 (0.3 over 10,
+    # 0.4 over 12): 6 of 6. Stage 2 (b): never open; seed 0's first check has no pairs (n 0, no lift), its second
+    # lift -0.2 over 5; seed 1's 0.0 over 3 and 0.2 over 7. grpo logs no gate: no rows.
+    stage_a = {0: ([1, 1, 1, 0, 0, 0], {1: (9, 0.5), 4: (8, 0.1)}), 1: ([1] * 6, {1: (10, 0.3), 4: (12, 0.4)})}
+    stage_b = {0: ([0] * 6, {1: (0, None), 4: (5, -0.2)}), 1: ([0] * 6, {1: (3, 0.0), 4: (7, 0.2)})}
+    for seed in (0, 1):
+        write_run(tmp_path, "grpo", seed, [(2, 3, 6), (8, 3, 6), (6, 7, 6)])
+        write_run(tmp_path, "hybrid_gated", seed, [(2, 3, 6), (8, 3, 6), (8, 7, 6)])
+        for stage, script in ((STAGES[1], stage_a[seed]), (STAGES[2], stage_b[seed])):
+            (tmp_path / f"hybrid_gated-s{seed}" / stage / "metrics.jsonl").write_text(gated_metrics(*script))
+    runs = by_method(tmp_path, {"grpo": [0, 1], "hybrid_gated": [0, 1]})
+    assert runs["grpo"][0]["lift_gate"] == [None, None]
+    first = runs["hybrid_gated"][0]["lift_gate"][0]
+    assert first["open"] == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]  # the guard event is not a step
+    assert first["checks"] == [
+        {"step": 1, "n": 9, "lift": 0.5, "ci95": [0.4, 0.6], "opened": True},
+        {"step": 4, "n": 8, "lift": 0.1, "ci95": [pytest.approx(0.0), pytest.approx(0.2)], "opened": False},
+    ]
+    assert runs["hybrid_gated"][0]["lift_gate"][1]["checks"][0] == {
+        "step": 1, "n": 0, "lift": None, "ci95": None, "opened": False
+    }  # fmt: skip
+    rows = {(r["method"], r["stage"]): r for r in gate.gate_table(runs)}
+    assert set(rows) == {("hybrid_gated", "a"), ("hybrid_gated", "b")}
+    a, b = rows["hybrid_gated", "a"], rows["hybrid_gated", "b"]
+    assert (a["open_share"], a["open_share_per_seed"]) == (0.75, {0: 0.5, 1: 1.0})
+    assert (a["checks"], a["checks_opened"], a["pairs"]) == (4, 3, [8, 12])
+    assert a["lift_mean"] == pytest.approx(0.325) and a["lift_range"] == [0.1, 0.5]
+    assert (b["open_share"], b["checks"], b["checks_opened"], b["pairs"]) == (0.0, 4, 0, [0, 7])
+    assert b["lift_mean"] == pytest.approx(0.0) and b["lift_range"] == [-0.2, 0.2]  # the n = 0 check has no lift
+    md = "\n".join(gate.gate_md(gate.gate_table(runs)))
+    assert "| hybrid_gated | a | 2 | 0.75 | 0.50, 1.00 | 3 of 4 | 8–12 | +0.33 (+0.10, +0.50) |" in md
+    assert "| hybrid_gated | b | 2 | 0.00 | 0.00, 0.00 | 0 of 4 | 0–7 | +0.00 (-0.20, +0.20) |" in md
+    assert gate.gate_md(gate.gate_table({"grpo": runs["grpo"]})) == []
