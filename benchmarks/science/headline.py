@@ -9,6 +9,12 @@ probes, whether every stage is learnable, and the points of the Pareto plot.
   strictly on the other side, undecided otherwise. The answer is "yes" when some method meets both,
   "no" when every method fails at least one, "undecided" otherwise. Plasticity and the general-ability delta are
   compared the same way (reported, not part of the question).
+  Seed-level check, beside each verdict (`per_seed`, `seed_t95`): the difference on each shared seed (its own run's
+  figure, method − reference) and the Student-t 95 % interval over those seeds. The two-level bootstrap resamples
+  the seeds too, but with 3 seeds it has 10 distinct seed draws and its percentile interval is narrower than the
+  seed-to-seed spread warrants (the bootstrap's variance is (s − 1)/s of the sample's, and no t quantile); the
+  t-interval over seeds (t(2) = 4.30 at 3 seeds) is the conservative reading. A verdict both agree on is robust to
+  that; one only the bootstrap reaches says where more seeds would decide.
 - Collapse (`peak_final`): per run and domain, peak = the best accuracy over the rows (before training and after
   each stage), final = after the last stage; collapsed when final < 0.5 × peak (`collapsed`). Per method: the mean
   peak and final with their bootstrap intervals, how many seeds collapsed, and the flag on the means.
@@ -25,6 +31,8 @@ from __future__ import annotations
 
 from analysis import goal_state
 from resampling import Draws, difference, paired_means, percentile
+
+from adaptercl.measure.stats import t_interval
 
 COLLAPSE_RATIO = 0.5  # final < 0.5 × peak: issue 25's collapse flag
 HEADLINE = (("acc", "≥ 0"), ("forgetting", "≤ 0"))  # the question: ACC no lower and forgetting no higher
@@ -45,8 +53,15 @@ def paired(summary: dict, draws: Draws, method: str, reference: str, key: str, g
     if left is None or right is None:
         return None
     ci = percentile(difference(draws, method, reference, key))
+    per_seed = {
+        s: summary[method]["per_seed"][s][key]["value"] - summary[reference]["per_seed"][s][key]["value"]
+        for s in draws.shared(method, reference)
+    }
+    seed_ci = t_interval(list(per_seed.values()))
     return {"left": left, "right": right, "difference": left - right, "ci95": ci, "goal": good,
-            "state": goal_state(ci, good)}  # fmt: skip
+            "state": goal_state(ci, good), "per_seed": per_seed,
+            "seed_t95": None if seed_ci is None else list(seed_ci),
+            "seed_state": "–" if seed_ci is None else goal_state(list(seed_ci), good)}  # fmt: skip
 
 
 def versus_reference(summary: dict, draws: Draws, reference: str = "grpo") -> dict:

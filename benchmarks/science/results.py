@@ -226,6 +226,34 @@ def state_cell(cell: dict | None) -> str:
     return f"{num(cell['difference'])}{ci(cell['ci95'])} {cell['state']}"
 
 
+def seed_check_md(h: dict) -> list[str]:
+    """The headline's seed-level check (headline.py): each shared seed's difference and the t-interval over seeds."""
+    ref = h["reference"]
+    L = [
+        "",
+        f"Seed-level check (headline.py): method − {ref} on each shared seed (its own runs' figures), and the "
+        "Student-t 95 % interval over those seeds with its verdict: the conservative reading where few seeds make "
+        "the bootstrap's seed level coarse. A verdict both intervals reach is robust; one only the bootstrap "
+        "reaches needs more seeds.",
+        "",
+        f"| method | seeds | ACC − {ref} per seed | t-interval | forgetting − {ref} per seed | t-interval |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in h["rows"]:
+        cells = []
+        for key in ("acc", "forgetting"):
+            cell = r[key]
+            if cell is None or "per_seed" not in cell:
+                cells += ["–", "–"]
+                continue
+            by_seed = sorted(cell["per_seed"].items(), key=lambda kv: int(kv[0]))
+            cells.append(", ".join(f"{v:+.2f}" for _, v in by_seed))
+            cells.append(f"{num(cell['difference'])}{ci(cell['seed_t95'])} {cell['seed_state']}")
+        seeds = len(r["acc"]["per_seed"]) if r["acc"] and "per_seed" in r["acc"] else "–"
+        L.append(f"| {r['method']} | {seeds} | " + " | ".join(cells) + " |")
+    return L
+
+
 def headline_md(data: dict) -> list[str]:
     """The headline against the reference, learnable stages, the general-ability delta, peak/final/collapse."""
     h, ref = data["headline"], data["headline"]["reference"]
@@ -247,6 +275,7 @@ def headline_md(data: dict) -> list[str]:
             f"| {r['method']} | {state_cell(r['acc'])} | {state_cell(r['forgetting'])} | {r['both']} | "
             f"{state_cell(r['plasticity'])} | {state_cell(r['general_delta'])} |"
         )
+    L += seed_check_md(h)
     L += ["", f"## Is every stage learnable? ({ref}'s gain on the stage's own domain, interval above 0)", ""]
     L += ["| stage | domain | gain [95 %] | learnable |", "|---|---|---|---|"]
     for r in data["learnable_stages"]:

@@ -109,6 +109,16 @@ def test_a_method_with_more_seeds_keeps_them_and_each_comparison_pairs_the_share
     summary2, draws2, _ = analysis.summarise(two, resamples=200)
     assert row["ci95"] == headline.versus_reference(summary2, draws2, "grpo")["rows"][0]["forgetting"]["ci95"]
     assert row["state"] == "met" and row["ci95"][1] < 0
+    # the seed-level check: each shared seed's difference (0 − 0.4, 0 − 0.2) and the t-interval over those two seeds,
+    # mean −0.3 ± t(1) 12.706 × sd 0.1414 / √2 = ± 1.2706: undecided where the bootstrap says met
+    assert row["per_seed"] == {0: pytest.approx(-0.4), 1: pytest.approx(-0.2)}
+    assert row["seed_t95"] == pytest.approx([-0.3 - 1.2706, -0.3 + 1.2706], abs=1e-4)
+    assert row["seed_state"] == "undecided"
+    md = "\n".join(results.seed_check_md(headline.versus_reference(summary, draws, "grpo")))
+    # ACC (mean final over a, b): better 0.75 against grpo's 0.55 and 0.65: +0.20, +0.10, 0.15 ± 12.706 × 0.05
+    assert (
+        "| better | 2 | +0.20, +0.10 | 0.150 [-0.485, 0.785] undecided | -0.40, -0.20 | -0.300 [-1.571, 0.971] " in md
+    )
 
 
 # ------------------------------------------------------------------------------------- formatting artifacts
