@@ -64,9 +64,10 @@ def collect_run(run_dir: Path, method: str, seed: int) -> dict | None:
         lines = (run_dir / stage / "metrics.jsonl").read_text().splitlines()
         metrics = [json.loads(line) for line in lines if line]
         events += [f"{stage} step {r['step']}: {r['event']} ({r['action']})" for r in metrics if "event" in r]
-        drops.append(reward_drop([r["reward_mean"] for r in metrics if "event" not in r]))
-        signals.append(stage_traces(metrics))
-        gates.append(stage_gate(metrics))
+        steps = [r for r in metrics if "event" not in r]  # guard events (lines with `event`) are not steps
+        drops.append(reward_drop([r["reward_mean"] for r in steps]))
+        signals.append(stage_traces(steps))
+        gates.append(stage_gate(steps))
         train_seconds += json.loads((run_dir / stage / "done.json").read_text())["train_seconds"]
     parameter = drift.get("parameter", {}).get("aggregate", {})  # the final stage's drift vs the base
     response = drift.get("response", {})

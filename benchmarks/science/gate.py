@@ -4,10 +4,10 @@ headline names for "does a lift-gated method reach GRPO's ACC where its ungated 
 A gated stage logs (adaptercl/train/lift_gate.py) `lift_gate_open` at every step (whether that step distilled) and,
 at each check, the measurement that decided it: `lift_gate_n` (train prompts with a teacher context, the pairs),
 `lift_gate_lift` with its paired 95 % interval `lift_gate_lift_lo`/`_hi` (absent when n = 0). This module keeps
-both per stage (`stage_gate`, from the stage's metrics.jsonl) and summarises them per method and stage over the
-seeds (`gate_table`): the share of the stage's steps that distilled (mean over seeds, and each seed's), the checks
-that opened the gate of all checks, the pairs per check, and the checks' lifts. Descriptive: the open share is a
-count of training steps, not an eval accuracy (no interval); each check's own interval is in results.json.
+both per stage (`stage_gate`, from the steps of the stage's metrics.jsonl) and summarises them per method and stage
+over the seeds (`gate_table`): the share of the stage's steps that distilled (mean over seeds, and each seed's), the
+checks that opened the gate of all checks, the pairs per check, and the checks' lifts. Descriptive: the open share is
+a count of training steps, not an eval accuracy (no interval); each check's own interval is in results.json.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from __future__ import annotations
 import statistics
 
 
-def stage_gate(metrics: list[dict]) -> dict | None:
+def stage_gate(steps: list[dict]) -> dict | None:
     """The gate's record of one stage: `open` [steps] (1.0 where the step distilled) and `checks` (one dict per check:
     its step, pairs n, lift and interval, None where n = 0, and whether it opened the gate); None for a stage
-    without a gate (no step logs `lift_gate_open`). Guard events (lines with `event`) are not steps."""
-    steps = [r for r in metrics if "event" not in r]
+    without a gate (no step logs `lift_gate_open`). `steps`: the stage's metrics.jsonl lines without its guard
+    events."""
     if not any("lift_gate_open" in r for r in steps):
         return None
     checks = [
@@ -44,7 +44,7 @@ def gate_table(runs: dict[str, dict[int, dict]]) -> list[dict]:
     for method, by_seed in runs.items():
         first = next(iter(by_seed.values()))
         for k, stage in enumerate(first["stages"][1:]):
-            gates = {seed: r["lift_gate"][k] for seed, r in by_seed.items() if r.get("lift_gate", [None] * (k + 1))[k]}
+            gates = {seed: r["lift_gate"][k] for seed, r in by_seed.items() if r["lift_gate"][k]}
             if not gates:
                 continue
             shares = {seed: statistics.fmean(g["open"]) for seed, g in gates.items()}

@@ -181,7 +181,7 @@ def markdown(data: dict, runs: dict[str, dict[int, dict]]) -> str:
     L += headline_md(data)
     L += teacher_lift_md(data["teacher_lift"])
     L += signals_md(data["training_signals"])
-    L += gate_md(data.get("lift_gate", []))
+    L += gate_md(data["lift_gate"])
     L += artifacts_md(data.get("formatting_artifacts", []), data["headline"]["reference"])
     L += kl_md(data["kl_vs_forgetting"])
     L += [
@@ -243,13 +243,12 @@ def seed_check_md(h: dict) -> list[str]:
         cells = []
         for key in ("acc", "forgetting"):
             cell = r[key]
-            if cell is None or "per_seed" not in cell:
+            if cell is None:
                 cells += ["–", "–"]
                 continue
-            by_seed = sorted(cell["per_seed"].items(), key=lambda kv: int(kv[0]))
-            cells.append(", ".join(f"{v:+.2f}" for _, v in by_seed))
+            cells.append(", ".join(f"{v:+.2f}" for _, v in sorted(cell["per_seed"].items())))
             cells.append(f"{num(cell['difference'])}{ci(cell['seed_t95'])} {cell['seed_state']}")
-        seeds = len(r["acc"]["per_seed"]) if r["acc"] and "per_seed" in r["acc"] else "–"
+        seeds = len(r["acc"]["per_seed"]) if r["acc"] else "–"
         L.append(f"| {r['method']} | {seeds} | " + " | ".join(cells) + " |")
     return L
 

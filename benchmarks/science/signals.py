@@ -25,10 +25,9 @@ SIGNALS = {  # metrics.jsonl key -> what it measures (every one a per-step share
 COUNTED = ("teacher_refresh",)  # summed over the stage's steps, not averaged over a third
 
 
-def stage_traces(metrics: list[dict]) -> dict[str, list[float | None]]:
+def stage_traces(steps: list[dict]) -> dict[str, list[float | None]]:
     """The per-step values [steps] of every `SIGNALS` key that some step of the stage logged (None where a step did
-    not); guard events (lines with `event`) are not steps."""
-    steps = [r for r in metrics if "event" not in r]
+    not); `steps`: the stage's metrics.jsonl lines without its guard events."""
     keys = [k for k in SIGNALS if any(k in r for r in steps)]
     return {k: [r.get(k) for r in steps] for k in keys}
 
