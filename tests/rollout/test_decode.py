@@ -4,6 +4,8 @@ nucleus cut it samples from is tests/rollout/test_truncation.py's)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -116,10 +118,24 @@ def test_the_engine_passes_each_row_its_own_seed(tiny, monkeypatch):
 
 
 def test_sample_tokens_by_hand():
-    """Inverse CDF over p = (0.2, 0.5, 0.3, 0): cumulative 0.2, 0.7, 1.0, 1.0."""
-    logits = torch.tensor([[0.2, 0.5, 0.3, 0.0]]).log().expand(7, 4)  # [7, 4], the last token at -inf
-    uniforms = torch.tensor([0.0, 0.19, 0.2 + 1e-9, 0.69, 0.7 + 1e-9, 0.95, 1.0 - 1e-12], dtype=torch.float64)
-    assert sample_tokens(logits, uniforms).tolist() == [0, 0, 1, 1, 2, 2, 2]
+    """Inverse CDF over p = (0.2, 0.5, 0.3, 0): cumulative 0.2, 0.7, 1.0, 1.0, each uniform just inside a boundary."""
+    probs = [0.2, 0.5, 0.3, 0.0]
+    logits = torch.tensor([probs]).log().expand(8, 4)  # [8, 4], the last token at -inf
+    # How far the boundaries the sampler computes can lie from 0.2 and 0.7. Each weight is float32
+    # exp(fl(log p_i) - fl(log p_max)): log rounds to within 1 ulp (vectorised log and exp differ between CPUs and
+    # instruction sets in the last bits, within SLEEF's / MKL's 1-ulp bounds; allow 2 each), the subtraction adds
+    # half an ulp of the difference, and an error d in the exponent is a relative error d in the weight. So a weight's
+    # relative error is at most rel = u * (2|log p_i| + 2|log p_max| + |log p_i - log p_max| + 2), u = 2^-24 (float32
+    # unit roundoff). A boundary c_k = S_k / S_n (float64 sums of the weights, whose own rounding is negligible) then
+    # moves by at most 2 * rel * c_k <= 2 * rel. The margin: twice that bound over the tokens, so an honest float32
+    # exp on any CPU stays on the intended side, and the sampler's rule (first cumulative > u) is still what decides.
+    u, logs = 2.0**-24, [math.log(p) for p in probs[:3]]
+    rel = max(u * (2 * abs(a) + 2 * abs(max(logs)) + abs(a - max(logs)) + 2) for a in logs)
+    margin = 2 * (2 * rel)
+    assert margin < 1e-5  # far inside the gaps between the boundaries the test places uniforms around
+    points = [0.0, 0.19, 0.2 - margin, 0.2 + margin, 0.7 - margin, 0.7 + margin, 0.95, 1.0 - 1e-12]
+    uniforms = torch.tensor(points, dtype=torch.float64)
+    assert sample_tokens(logits, uniforms).tolist() == [0, 0, 0, 1, 1, 2, 2, 2]
 
 
 def test_sample_tokens_frequencies_match_the_softmax():

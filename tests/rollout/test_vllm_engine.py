@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,10 +28,6 @@ from adaptercl.recipe.grammar import LoraConfig, ModelConfig, RecipeError, resol
 from adaptercl.rollout import SamplingParams
 from adaptercl.rollout.hf import HFEngine, response_logprobs
 from adaptercl.rollout.vllm_settings import vllm_lora_rank
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 
 TEXTS = ["hello world", "2+2=", "The quick brown fox"]
 # nats: vLLM's and the trainer's bf16 kernels round differently. The same in both vLLM lines (tiny-random, adapter x,

@@ -22,16 +22,17 @@ def test_the_code_path_by_vendor_and_flags(cpuinfo, branch):
 
 
 def test_an_amd_avx512_cpu_gets_avx2_unless_the_user_chose(monkeypatch, tmp_path):
+    # an environment of its own: the test process's os.environ is never written (tests/support/state_guard.py)
     info = tmp_path / "cpuinfo"
     info.write_text(AMD_512)
     monkeypatch.setattr(cpu_kernels, "CPUINFO", info)
-    monkeypatch.delenv("MKL_CBWR", raising=False)
-    assert cpu_kernels.prefer_fast_mkl_path() == "AVX2" and os.environ["MKL_CBWR"] == "AVX2"
-    monkeypatch.setenv("MKL_CBWR", "AUTO")  # the user's choice stays
-    assert cpu_kernels.prefer_fast_mkl_path() is None and os.environ["MKL_CBWR"] == "AUTO"
-    monkeypatch.delenv("MKL_CBWR")
+    environ: dict[str, str] = {}
+    assert cpu_kernels.prefer_fast_mkl_path(environ) == "AVX2" and environ == {"MKL_CBWR": "AVX2"}
+    environ = {"MKL_CBWR": "AUTO"}  # the user's choice stays
+    assert cpu_kernels.prefer_fast_mkl_path(environ) is None and environ == {"MKL_CBWR": "AUTO"}
     info.write_text(INTEL_512)
-    assert cpu_kernels.prefer_fast_mkl_path() is None and "MKL_CBWR" not in os.environ
+    environ = {}
+    assert cpu_kernels.prefer_fast_mkl_path(environ) is None and environ == {}
 
 
 def test_import_adaptercl_sets_it_before_mkl_computes():

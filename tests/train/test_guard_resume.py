@@ -104,10 +104,47 @@ def test_a_nonfinite_sdpo_step_with_the_ema_teacher_is_skipped_and_the_guard_act
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    """An uninterrupted 4-step run of `one_stage`, for the resumed ones to equal."""
+    """An uninterrupted 4-step run of `one_stage` in this process, for the in-process resumes to equal."""
     out = tmp_path_factory.mktemp("reference")
     run_recipe(resolve_recipe(one_stage(out, steps=4)))
     return out
+
+
+# A run resumed after its process was killed is compared with an uninterrupted run made the same way: every run of
+# such a comparison is its own `adaptercl recipe run` process started from this environment, so that both compute on
+# the same kernels (an in-process reference against a subprocess could differ in low bits wherever the two processes
+# chose different MKL code paths; tests/support/state_guard.py).
+SUBPROCESS_ENV = {"PYTHONPATH": f"{SUPPORT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def start_run(recipe: dict, recipe_file: Path, script: str | None = None) -> subprocess.Popen:
+    """`recipe` (written to `recipe_file`) run by `adaptercl recipe run` in a new process, or by `script` (python -c)
+    given the recipe file's path."""
+    recipe_file.write_text(yaml.safe_dump(recipe))
+    args = ["-m", "adaptercl.cli", "recipe", "run"] if script is None else ["-c", script]
+    return subprocess.Popen(
+        [sys.executable, *args, str(recipe_file)],
+        env={**os.environ, **SUBPROCESS_ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish_run(recipe: dict, recipe_file: Path, script: str | None = None) -> str:
+    """`start_run` to its end, which must be a success; its standard output."""
+    proc = start_run(recipe, recipe_file, script)
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def cli_reference(tmp_path_factory) -> Path:
+    """The uninterrupted 4-step run of `one_stage` as its own process, for the killed processes' resumes to equal."""
+    out = tmp_path_factory.mktemp("cli_reference")
+    finish_run(one_stage(out / "run", steps=4), out / "recipe.yaml")
+    return out / "run"
 
 
 def assert_same_adapters(a_run: Path, b_run: Path) -> None:
@@ -149,19 +186,10 @@ def teacher_metrics(run: Path) -> list[dict]:
 
 @pytest.mark.parametrize("kind", list(TEACHERS))
 def test_killed_run_resumes_to_bit_identical_adapters(tmp_path, kind):
-    reference = tmp_path / "reference"
-    run_recipe(resolve_recipe(with_teacher(one_stage(reference, steps=4), kind)))
-
-    killed = tmp_path / "killed"
-    recipe_file = tmp_path / "recipe.yaml"
-    recipe_file.write_text(yaml.safe_dump(with_teacher(one_stage(killed, steps=4), kind)))
-    env = {**os.environ, "PYTHONPATH": f"{SUPPORT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "adaptercl.cli", "recipe", "run", str(recipe_file)],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    # the uninterrupted run, the killed one and its resume: each its own process (SUBPROCESS_ENV)
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    finish_run(with_teacher(one_stage(reference, steps=4), kind), tmp_path / "reference.yaml")
+    proc = start_run(with_teacher(one_stage(killed, steps=4), kind), tmp_path / "killed.yaml")
     kill_after = random.Random(os.getpid()).randint(1, 3)  # a step boundary somewhere inside the stage
     metrics = killed / "stage-01-one" / "metrics.jsonl"
     deadline = time.time() + 240
@@ -170,10 +198,10 @@ def test_killed_run_resumes_to_bit_identical_adapters(tmp_path, kind):
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.communicate()
     assert not (killed / "stage-01-one" / "done.json").exists(), "the run finished before it could be killed"
 
-    run_recipe(resolve_recipe(with_teacher(one_stage(killed, steps=4), kind)))
+    finish_run(with_teacher(one_stage(killed, steps=4), kind), tmp_path / "killed.yaml")
     assert_same_adapters(reference, killed)
     steps = [r["step"] for r in read_jsonl(metrics) if "event" not in r]
     assert steps == [1, 2, 3, 4]
@@ -267,25 +295,40 @@ run_recipe(resolve_recipe(yaml.safe_load(open(sys.argv[1]))))
 """
 
 
-def test_a_run_killed_between_the_checkpoint_renames_resumes_from_the_parked_checkpoint(tmp_path, reference):
-    out = tmp_path / "killed"
-    recipe_file = tmp_path / "recipe.yaml"
-    recipe_file.write_text(yaml.safe_dump(one_stage(out, steps=4)))
-    env = {**os.environ, "PYTHONPATH": f"{SUPPORT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    done = subprocess.run([sys.executable, "-c", KILL_BETWEEN_RENAMES, str(recipe_file)], env=env, timeout=600)
-    assert done.returncode == 9
+# The resume of a killed process, in a process of its own (as the killed one): run_recipe with each step event
+# printed as a line of JSON
+RESUME_WITH_EVENTS = """
+import json, sys
+
+import yaml
+
+from adaptercl.recipe.grammar import resolve_recipe
+from adaptercl.run.sequence import run_recipe
+
+def on_event(kind, **info):
+    if kind == "step":
+        print(json.dumps({"step": info["step"]}), flush=True)
+
+run_recipe(resolve_recipe(yaml.safe_load(open(sys.argv[1]))), on_event=on_event)
+"""
+
+
+def test_a_run_killed_between_the_checkpoint_renames_resumes_from_the_parked_checkpoint(tmp_path, cli_reference):
+    out, recipe_file = tmp_path / "killed", tmp_path / "recipe.yaml"
+    proc = start_run(one_stage(out, steps=4), recipe_file, KILL_BETWEEN_RENAMES)
+    proc.communicate(timeout=600)
+    assert proc.returncode == 9
     stage_dir = out / "stage-01-one"
     assert not (stage_dir / "checkpoint").exists() and len(list(stage_dir.glob(".checkpoint.old-*"))) == 1
     lines = (stage_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["step"] for line in lines] == [1, 2]
 
-    events = []
-    run_recipe(resolve_recipe(one_stage(out, steps=4)), on_event=lambda kind, **info: events.append((kind, info)))
-    assert [info["step"] for kind, info in events if kind == "step"] == [2, 3, 4]  # from the parked checkpoint
+    printed = finish_run(one_stage(out, steps=4), recipe_file, RESUME_WITH_EVENTS)
+    assert [json.loads(line)["step"] for line in printed.splitlines()] == [2, 3, 4]  # from the parked checkpoint
     assert (stage_dir / "metrics.jsonl").read_text().splitlines()[0] == lines[0]  # kept, not started afresh
     assert [r["step"] for r in read_jsonl(stage_dir / "metrics.jsonl")] == [1, 2, 3, 4]
-    assert read_jsonl(stage_dir / "samples.jsonl") == read_jsonl(reference / "stage-01-one" / "samples.jsonl")
-    assert_same_adapters(reference, out)
+    assert read_jsonl(stage_dir / "samples.jsonl") == read_jsonl(cli_reference / "stage-01-one" / "samples.jsonl")
+    assert_same_adapters(cli_reference, out)
     assert not [p.name for p in stage_dir.iterdir() if p.name.startswith(".checkpoint")]  # nothing left behind
     assert not (stage_dir / "checkpoint").exists()
 
