@@ -12,7 +12,7 @@ The rules, on the import graph of adaptercl/**/*.py (every import statement, fun
    module would put the module where the lazy face's name should be.
 3. The grammar is torch-free. Nothing `recipe/` imports, directly or through other adaptercl modules, imports
    torch, transformers or peft, and importing every module of `recipe/` in a fresh interpreter leaves all three out
-   of `sys.modules` (benchmarks/perf/recipe_import.py times that import).
+   of `sys.modules`.
 
 Tests and benchmarks may import any module (a test imports the module it tests); the rules are the package's.
 The checks are plain functions of a source tree, so the last tests run them on small trees that break each rule.

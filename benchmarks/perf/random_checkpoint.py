@@ -1,4 +1,4 @@
-"""The shapes the 7B-scale benchmarks (cuda_7b_memory, trace_7b_memory, nf4_decode_gemm) write random checkpoints of,
+"""The shapes the 7B-scale benchmarks (cuda_7b_memory, trace_7b_memory) write random checkpoints of,
 so they download nothing: Qwen2.5-7B-Instruct's config fields and a tiny one of the same build.
 
 The writer is the package's (`adaptercl.model.random_weights.write_random_checkpoint`, what `adaptercl recipe

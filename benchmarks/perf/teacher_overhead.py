@@ -323,7 +323,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def add_batch_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of the batch every method trains on (also read by teacher_parts.py)."""
+    """The options of the batch every method trains on."""
     add_workload_arguments(parser)
     parser.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step")
     parser.add_argument("--failed-group-frac", type=float, default=0.5, help="share of groups without a success")
