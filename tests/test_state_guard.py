@@ -15,7 +15,7 @@ import state_guard
 
 TESTS = Path(__file__).resolve().parent
 
-LEAKY = '''
+LEAKY = """
 import os
 
 import torch
@@ -44,7 +44,7 @@ def test_sees_both_taken_back():
 def test_changes_state_through_monkeypatch(monkeypatch):
     monkeypatch.setenv("ADAPTERCL_GUARD_PROBE", "set")
     monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
-'''
+"""
 
 
 def test_a_leaking_test_fails_and_the_next_test_finds_the_state_restored(tmp_path):

@@ -103,6 +103,9 @@ class Domain:
     # TRL-style rewards (`trl_rewards.py`) score a whole batch; `reward` then scores one sample through it, without
     # token ids (a reward that needs `completion_ids` must be reached through `score`).
     batch_reward: BatchRewardFn | None = None
+    # The reward reads an option letter (`choice_letter`): the domain can be scored by the log-likelihood of its
+    # options' letters (`measure/choice_scoring.py`, for retention probes under eval.choice_scoring)
+    choice_letters: bool = False
 
     def score(self, texts: list[str], completion_ids: list[list[int]], examples: list[Example]) -> list[RewardResult]:
         """Results of N completions (texts and token ids) of the examples, in order; one batch call when the

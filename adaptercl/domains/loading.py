@@ -132,8 +132,17 @@ def load_domain(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:
     if not kept:
         raise RecipeError(f"domains.{cfg.name}: no training examples left (source {cfg.source})")
     patterns = list(cfg.format_patterns) if cfg.format_patterns is not None else list(fmt.format_patterns)
+    choice_letters = batch_reward is None and (cfg.reward or fmt.reward) == "choice_letter"
     return Domain(
-        cfg.name, kept, eval_examples, reward, patterns, skipped=skipped[0], overlap=overlap, batch_reward=batch_reward
+        cfg.name,
+        kept,
+        eval_examples,
+        reward,
+        patterns,
+        skipped=skipped[0],
+        overlap=overlap,
+        batch_reward=batch_reward,
+        choice_letters=choice_letters,
     )
 
 

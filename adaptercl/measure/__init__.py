@@ -2,7 +2,8 @@
 response-drift metrics (`metrics.py`, pure, used whole as a namespace), parameter drift (`weight_drift.py` and
 `lowrank_drift.py`, pure; `drift.py` on the live model), statistics of the diagnostics (`stats.py`), the
 formatting-artifact diagnostic (`artifacts.py`, pure), lm-eval retention probes (`lm_eval.py`), the run report
-(`report.py`) and experiment trackers (`trackers.py`).
+(`report.py`) and experiment trackers (`trackers.py`); multiple-choice probes scored by log-likelihood
+(`choice_scoring.py`).
 """
 
 from importlib import import_module
@@ -16,6 +17,8 @@ _EXPORTS = {
     "parameter_drift_report": "drift",
     "response_drift": "drift",
     "evaluate_all": "evaluate",
+    "evaluate_choices": "choice_scoring",
+    "loglikelihood_domains": "choice_scoring",
     "check_tasks": "lm_eval",
     "lm_eval_probes": "lm_eval",
     "cl_metrics": "metrics",

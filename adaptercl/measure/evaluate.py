@@ -6,16 +6,19 @@ eval-set order, so intervals over examples and paired comparisons of runs on the
 run), each example's greedy completion (`completions`, eval-set order: the formatting-artifact diagnostic,
 `artifacts.py`, compares a stage's with the base's) and the first few with their ids (`samples`). Under data-parallel
 ranks (`system/distributed.py`) each rank decodes a contiguous share of the examples and every rank gathers all of
-them, in order, so the row is computed from the same list as with one process.
+them, in order, so the row is computed from the same list as with one process. Multiple-choice retention probes
+are scored by the log-likelihood of their option letters instead (`choice_scoring.py`, `eval.choice_scoring`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from transformers import PreTrainedTokenizerBase
 
 from adaptercl.domains import Domain
+from adaptercl.measure.choice_scoring import evaluate_choices
 from adaptercl.model import encode_chat
 from adaptercl.rollout import RolloutEngine, SamplingParams
 from adaptercl.system import distributed
@@ -65,11 +68,18 @@ def evaluate_all(
     max_new_tokens: int,
     limit: int,
     on_domain: Callable[[int, int], None] | None = None,
+    by_loglikelihood: set[str] = frozenset(),
+    model: torch.nn.Module | None = None,
 ) -> dict[str, dict]:
-    """Evaluate every domain; keys keep the recipe's domain order. `on_domain(done, total)` after each domain."""
+    """Evaluate every domain; keys keep the recipe's domain order. `on_domain(done, total)` after each domain. The
+    domains named in `by_loglikelihood` are scored by the log-likelihood of their option letters on `model`
+    (`choice_scoring.py`), the others by greedy generation."""
     out = {}
     for i, d in enumerate(domains):
-        out[d.name] = evaluate_domain(engine, tokenizer, d, adapters, max_new_tokens, limit)
+        if d.name in by_loglikelihood:
+            out[d.name] = evaluate_choices(model, tokenizer, d, adapters, limit)
+        else:
+            out[d.name] = evaluate_domain(engine, tokenizer, d, adapters, max_new_tokens, limit)
         if on_domain is not None:
             on_domain(i + 1, len(domains))
     return out

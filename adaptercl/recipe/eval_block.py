@@ -53,10 +53,28 @@ class EvalConfig(ConfigBlock):
     retention_probes: list[str] = Field(
         default_factory=list, description="Domains evaluated after every stage but never trained."
     )
+    choice_scoring: Literal["loglikelihood", "generate"] = Field(
+        "loglikelihood",
+        description="How multiple-choice retention probes (a retention_probes domain whose reward is "
+        "choice_letter: ARC, BoolQ, PIQA, Winogrande, a generic lettered set) are scored: loglikelihood = the option "
+        "letter the model finds most likely as the start of its reply (lm-evaluation-harness's multiple-choice acc, "
+        "one forward per example; measure/choice_scoring.py); generate = greedy generation, the letter read out of "
+        "the reply (what adaptercl did before; it also tests that the reply states a letter, and costs a decode of "
+        "up to max_new_tokens per example). Trained domains are always generated: their answer format is what a "
+        "stage teaches.",
+    )
     lm_eval: LmEvalConfig = Field(
         default_factory=LmEvalConfig,
         description="lm-evaluation-harness retention probes (log-likelihood accuracy comparable with published "
         "numbers), beside the generated-letter probes of retention_probes.",
+    )
+    before_from: str | None = Field(
+        None,
+        description="A run directory whose row 0 (the base evaluated before training, stage-00-before) this run "
+        "copies instead of evaluating the base again: for runs of one base, seed and evaluation that differ only in "
+        "how they train (a method sweep). Refused before the model loads unless that run agrees with this recipe on "
+        "everything row 0 depends on: model, quantization, seed, domains, eval examples_per_domain, max_new_tokens, "
+        "retention_probes, choice_scoring, lm_eval and the rollout engine's settings (run_dir/before_row.py).",
     )
     teacher_lift_prompts: int = Field(
         8,

@@ -237,6 +237,8 @@ class RecipeConfig(_Block):
                 raise ValueError(
                     f"stages.{stage.name}.domain: unknown domain {stage.domain!r}; defined: {', '.join(domain_names)}"
                 )
+        for stage in self.stages:
+            _check_replay_domains(stage, domain_names, self.eval.retention_probes)
         for probe in self.eval.retention_probes:
             if probe not in domain_names:
                 raise ValueError(
@@ -306,6 +308,21 @@ def _check_refresh_schedule(teacher: TeacherConfig, steps: int) -> None:
             f"{teacher.gate_window} steps of baseline, then every refresh_every {teacher.refresh_every}), after "
             f"optim.steps ({steps}); lower gate_window or refresh_every, or use distill.teacher.kind stage_start"
         )
+
+
+def _check_replay_domains(stage: StageConfig, domain_names: list[str], probes: list[str]) -> None:
+    """regularizers.replay_domains: recipe domains, neither the stage's own nor a retention probe (never trained),
+    and a replay_fraction that replays them."""
+    names, field = stage.regularizers.replay_domains, f"stages.{stage.name}.regularizers.replay_domains"
+    for name in names or []:
+        if name not in domain_names:
+            raise ValueError(f"{field}: unknown domain {name!r}; defined: {', '.join(domain_names)}")
+        if name == stage.domain:
+            raise ValueError(f"{field}: {name!r} is the stage's own domain; name the other domains to mix in")
+        if name in probes:
+            raise ValueError(f"{field}: {name!r} is a retention probe (eval.retention_probes are never trained)")
+    if names and stage.regularizers.replay_fraction == 0:
+        raise ValueError(f"{field}: set regularizers.replay_fraction > 0 as well, else nothing is replayed")
 
 
 def _check_unique(what: str, names: list[str]) -> None:

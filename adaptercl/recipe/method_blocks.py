@@ -299,6 +299,13 @@ class RegularizerConfig(ConfigBlock):
         description="Share of each step's prompts drawn from earlier stages' domains (scored by their own reward, "
         "rolled out by the current policy and trained with the stage's loss); replay_rounding makes it a count.",
     )
+    replay_domains: list[str] | None = Field(
+        None,
+        description="The domains replay draws from instead of the earlier stages' (None: every earlier stage's "
+        "domain). Naming domains no earlier stage trained makes a multitask stage: `replay_fraction: 0.5` with the "
+        "other domain of a pair trains both on every step, half the prompts each (the `joint` reference of "
+        "continual learning; benchmarks/science). Not the stage's own domain, not a retention probe.",
+    )
     replay_rounding: Literal["at_least_one", "stochastic"] = Field(
         "at_least_one",
         description="How replay_fraction x prompts_per_step becomes a whole number of prompts per step (at most "

@@ -30,7 +30,7 @@ import torch
 
 from adaptercl.adapters import live as ad
 from adaptercl.domains import load_domain
-from adaptercl.measure import evaluate_all
+from adaptercl.measure import evaluate_all, loglikelihood_domains
 from adaptercl.model import load_base
 from adaptercl.recipe import RecipeConfig, RecipeError
 from adaptercl.rollout import (
@@ -133,7 +133,9 @@ def _evaluate(
                     recipe.eval.examples_per_domain,
                     recipe.eval_max_new_tokens,
                 )
-                row = evaluate_all(engine, tok, domains, m.active, max_tokens, n, on_domain)
+                cfg = recipe.eval
+                by_loglikelihood = loglikelihood_domains(domains, cfg.retention_probes, cfg.choice_scoring)
+                row = evaluate_all(engine, tok, domains, m.active, max_tokens, n, on_domain, by_loglikelihood, model)
                 stage_dir = StageDir(tmp / m.label)
                 stage_dir.path.mkdir()
                 stage_dir.write_eval(row)

@@ -36,6 +36,7 @@ from adaptercl.measure import require_trackers
 from adaptercl.model import check_lora_layers, read_model_config
 from adaptercl.recipe import ENGINES, METHODS, DomainConfig, RecipeConfig, RecipeError, RolloutServerConfig
 from adaptercl.rollout import require_vllm, served_lora_rank
+from adaptercl.run_dir import before_source
 from adaptercl.system import distributed
 
 
@@ -57,6 +58,7 @@ def preflight(recipe: RecipeConfig, contact_server: bool = True) -> None:
 
         check_tasks(recipe.eval.lm_eval)
     require_trackers(recipe.report_to)
+    before_source(recipe)  # eval.before_from: a run with a finished row 0 of the same inputs
     # last: it may wait out the retries of an unreachable server
     if engine is not None and engine.needs_server and contact_server:
         check_rollout_server(recipe.stages[0].rollout.server)

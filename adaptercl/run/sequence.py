@@ -35,6 +35,7 @@ from adaptercl.measure import (
     BaseWeights,
     cl_metrics,
     evaluate_all,
+    loglikelihood_domains,
     parameter_drift_report,
     response_drift,
     tracking,
@@ -45,7 +46,7 @@ from adaptercl.recipe import METHODS, RecipeConfig
 from adaptercl.rollout import Engines, falls_back, resolve_engine
 from adaptercl.run.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
 from adaptercl.run.preflight_checks import check_world, preflight
-from adaptercl.run_dir import BEFORE_DIR, RunDir, StageDir
+from adaptercl.run_dir import BEFORE_DIR, RunDir, StageDir, before_source, copy_before_row
 from adaptercl.system import distributed, phased, read_jsonl
 from adaptercl.teacher import create_teacher
 from adaptercl.train import StageContext, choose_micro_batch, has_checkpoint, run_stage, step_seed
@@ -180,7 +181,10 @@ class LiveRun:
     def evaluate_before_training(self) -> None:
         """Row 0 of the accuracy matrix: every domain on the base (and the lm-eval probes), once."""
         before = self.run.before
-        if not before.is_done():
+        source = before_source(self.recipe) if not before.is_done() else None
+        if source is not None:  # eval.before_from: another run's row 0, checked to depend on the same inputs
+            distributed.on_main(partial(copy_before_row, source, self.run))
+        elif not before.is_done():
             seconds: dict[str, float] = {}
             row = timed(seconds, "eval", self.evaluate, BEFORE_DIR, None)  # sharded over the ranks, gathered on each
             distributed.on_main(lambda: before.write_eval(row))
@@ -225,6 +229,8 @@ class LiveRun:
             teacher = create_teacher(self.model, plan.adapter, list(plan.frozen), stage.distill.teacher)
         by_name = {d.name: d for d in self.domains}
         earlier_domains = dict.fromkeys(s.domain for s in self.recipe.stages[:i] if s.domain != stage.domain)
+        replayed = stage.regularizers.replay_domains
+        earlier_domains = earlier_domains if replayed is None else dict.fromkeys(replayed)
         return StageContext(
             recipe=self.recipe,
             index=i,
@@ -235,7 +241,7 @@ class LiveRun:
             student=plan.adapter,
             frozen=list(plan.frozen),
             previous=list(plan.previous),
-            replay_domains=[by_name[d] for d in earlier_domains],  # regularizers.replay_fraction draws from these
+            replay_domains=[by_name[d] for d in earlier_domains],  # replay_fraction draws from these
             stage_dir=stage_dir.path,
             base_weights=self.base_weights,
             on_step=lambda step, m, kept, _n=stage_dir.name: self.notify(
@@ -364,7 +370,11 @@ class LiveRun:
         todo = self.domains if only is None else only
         self.notify("eval", stage=stage_name, done=0, total=len(todo))
         on_domain = self.progress("eval", stage_name)
-        row = evaluate_all(engine, self.tokenizer, todo, model_adapters, max_tokens, n, on_domain)
+        cfg = self.recipe.eval
+        by_loglikelihood = loglikelihood_domains(todo, cfg.retention_probes, cfg.choice_scoring)
+        row = evaluate_all(
+            engine, self.tokenizer, todo, model_adapters, max_tokens, n, on_domain, by_loglikelihood, self.model
+        )
         if only is None:
             self.notify("evaluated", stage=stage_name, row=row)
         return row

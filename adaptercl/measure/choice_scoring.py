@@ -1,0 +1,151 @@
+"""Multiple-choice evaluation by log-likelihood: which option letter the model finds most likely as its answer.
+
+A retention probe (ARC, BoolQ, PIQA, Winogrande, or any domain scored by `choice_letter`) shows the question with
+lettered options and asks for the letter. Instead of generating a reply and reading a letter out of it, the model
+scores each option's letter as the start of its reply, the continuation of the chat-templated prompt (the assistant
+generation prompt included), and picks the most likely one: lm-evaluation-harness's multiple-choice `acc` (the sum of
+the continuation's token log-probabilities, argmax over the options), with the options lettered in the prompt as its
+MMLU tasks show them. One forward per example when every letter is one token (the usual case: all options share the
+prompt), one per option otherwise. The chosen letter is then scored by the domain's own reward, so a probe is correct
+exactly when a generated reply that began with that letter would be.
+
+It measures what the model knows of the options, not whether it still answers in the format (the trained domains,
+whose answer format is what a stage teaches, keep greedy generation: `evaluate.py`), and costs a forward of the
+prompt instead of a decode of up to `eval.max_new_tokens` tokens. `eval.choice_scoring` chooses it; eval.json records
+`scoring: loglikelihood` per domain, and `completions` holds the chosen letters.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from adaptercl.adapters import active_adapters
+from adaptercl.domains import Domain, Example
+from adaptercl.domains.answers import count_lettered_options
+from adaptercl.domains.prompt_template import LETTERS
+from adaptercl.system import distributed
+
+BATCH_ROWS = 16  # sequences per forward
+
+
+def continuation_logprobs(logits: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+    """Sum of log p(target) over the masked positions of each row (lm-eval's `loglikelihood`).
+
+    logits: [B, T, V], position t predicting targets[:, t]; targets: [B, T] token ids; mask: [B, T] 1 where the
+    position is part of the continuation. Returns [B] float32."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)  # [B, T, V]
+    picked = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [B, T]
+    return (picked * mask).sum(dim=-1)  # [B]
+
+
+def option_continuations(tokenizer: Any, prompt_text: str, options: list[str]) -> tuple[list[int], list[list[int]]]:
+    """The prompt's token ids and each option's continuation ids, split as lm-evaluation-harness splits them
+    (`_encode_pair`): the whole text (prompt + option) is encoded, and the continuation is what follows the length of
+    the prompt's own encoding; the rows scored are prompt + continuation."""
+    prompt = tokenizer(prompt_text, add_special_tokens=False)["input_ids"]
+    conts = []
+    for option in options:
+        whole = tokenizer(prompt_text + option, add_special_tokens=False)["input_ids"]
+        conts.append(whole[len(prompt) :])
+    return prompt, conts
+
+
+def _forward_rows(model: torch.nn.Module, rows: list[list[int]], pad_id: int) -> Tensor:
+    """Logits of right-padded rows: [B, T, V] (padding at the end changes no earlier position's logits)."""
+    width = max(len(r) for r in rows)
+    device = next(model.parameters()).device
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, device=device)
+        mask[i, : len(r)] = 1
+    return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+
+def option_scores(
+    model: torch.nn.Module, tokenizer: Any, prompts: list[str], options: list[list[str]]
+) -> list[list[float]]:
+    """Per prompt (chat-templated text), the log-likelihood of each of its options as the reply's start."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    # one request per (prompt, option): the row to run, where the continuation starts in it, its ids
+    split = [option_continuations(tokenizer, p, opts) for p, opts in zip(prompts, options, strict=True)]
+    single = all(len(c) == 1 for _, conts in split for c in conts)
+    scores: list[list[float]] = [[0.0] * len(opts) for opts in options]
+    if single:  # every option is one token: one forward of the prompt gives them all
+        for lo in range(0, len(split), BATCH_ROWS):
+            part = split[lo : lo + BATCH_ROWS]
+            logits = _forward_rows(model, [p for p, _ in part], pad_id)  # [b, T, V]
+            for j, (prompt, conts) in enumerate(part):
+                last = torch.log_softmax(logits[j, len(prompt) - 1].float(), dim=-1)  # [V]
+                scores[lo + j] = [float(last[c[0]]) for c in conts]
+        return scores
+    requests = [(i, k, prompt, cont) for i, (prompt, conts) in enumerate(split) for k, cont in enumerate(conts)]
+    for lo in range(0, len(requests), BATCH_ROWS):
+        part = requests[lo : lo + BATCH_ROWS]
+        rows = [prompt + cont for _, _, prompt, cont in part]
+        logits = _forward_rows(model, rows, pad_id)[:, :-1]  # [b, T-1, V]: position t predicts token t+1
+        targets = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)  # [b, T-1]
+        mask = torch.zeros(logits.shape[:2], device=logits.device)  # [b, T-1]
+        for j, (_, _, prompt, cont) in enumerate(part):
+            targets[j, len(prompt) - 1 : len(prompt) - 1 + len(cont)] = torch.tensor(cont, device=logits.device)
+            mask[j, len(prompt) - 1 : len(prompt) - 1 + len(cont)] = 1.0
+        sums = continuation_logprobs(logits, targets, mask)  # [b]
+        for j, (i, k, _, _) in enumerate(part):
+            scores[i][k] = float(sums[j])
+    return scores
+
+
+def loglikelihood_domains(domains: list[Domain], retention_probes: list[str], choice_scoring: str) -> set[str]:
+    """The domains scored here rather than by generation: the retention probes whose reward reads an option letter
+    (`Domain.choice_letters`), under `eval.choice_scoring: loglikelihood`."""
+    if choice_scoring != "loglikelihood":
+        return set()
+    return {d.name for d in domains if d.name in retention_probes and d.choice_letters}
+
+
+def letters_of(example: Example) -> list[str]:
+    """The option letters the example's prompt lists (A, B, ...): the candidates it is scored over."""
+    n = count_lettered_options(example.messages[-1]["content"]) or 0
+    return list(LETTERS[:n])
+
+
+@torch.no_grad()
+def evaluate_choices(
+    model: torch.nn.Module, tokenizer: Any, domain: Domain, adapters: list[str] | None, limit: int
+) -> dict:
+    """A domain's eval row, scored by log-likelihood (module docstring): the same fields as a generated row
+    (`evaluate.evaluate_domain`), `completions` the chosen letters, plus `scoring`. Sharded over data-parallel ranks
+    as the generated rows are, gathered in eval-set order."""
+    examples = domain.eval[:limit]
+    lo, hi = distributed.shard_bounds(len(examples))
+    mine = examples[lo:hi]
+    prompts = [tokenizer.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=False) for ex in mine]
+    letters = [letters_of(ex) for ex in mine]
+    if any(not opts for opts in letters):
+        bad = next(ex for ex, opts in zip(mine, letters) if not opts)
+        raise ValueError(f"domains.{domain.name}: example {bad.id} lists no lettered options to score")
+    was_training = model.training
+    model.eval()
+    try:
+        with active_adapters(model, adapters):
+            scores = option_scores(model, tokenizer, prompts, letters)
+    finally:
+        model.train(was_training)
+    chosen = [opts[max(range(len(opts)), key=s.__getitem__)] for opts, s in zip(letters, scores, strict=True)]
+    results = domain.score(chosen, [[] for _ in chosen], mine) if chosen else []
+    records = distributed.gather_lists([(c, r.score, r.correct) for c, r in zip(chosen, results, strict=True)])
+    return {
+        "accuracy": sum(correct for *_, correct in records) / len(records),
+        "reward_mean": sum(score for _, score, _ in records) / len(records),
+        "n": len(records),
+        "scoring": "loglikelihood",
+        "correct": [bool(correct) for *_, correct in records],  # [n], eval-set order
+        "completions": [letter for letter, *_ in records],  # [n], the chosen letters
+        "samples": [
+            {"id": ex.id, "completion": letter, "correct": correct}
+            for ex, (letter, _, correct) in list(zip(examples, records))[:3]
+        ],
+    }
