@@ -215,7 +215,10 @@ def model_type_of(model_name: str, revision: str | None = None) -> str | None:
         return None
     import huggingface_hub
 
-    cached = huggingface_hub.try_to_load_from_cache(model_name, "config.json", revision=revision)
+    try:
+        cached = huggingface_hub.try_to_load_from_cache(model_name, "config.json", revision=revision)
+    except ValueError:  # not a valid repo id (HFValidationError): loading the base says so in its own line
+        return None
     return read_model_config(cached).get("model_type") if isinstance(cached, str) else None
 
 

@@ -68,6 +68,7 @@ def test_families_vllm_serves_are_planned_as_vllm(tmp_path):
         assert {s.rollout.engine for s in engine_choice.planned(recipe).stages} == {"vllm"}
         assert engine_choice.auto_plan_note(recipe).startswith("rollout.engine auto planned as vLLM")
     assert shapes.model_type_of("Qwen/Qwen3-8B") == "qwen3" and shapes.model_type_of("someone/not-cached") is None
+    assert shapes.model_type_of("some one/bad id") is None  # not a repo id: nothing to look up, no error here
 
 
 @pytest.mark.parametrize("engine", ["vllm", "vllm_server"])
