@@ -11,8 +11,9 @@ Owns the four GPU phases of a stage, each the worst over the stages, the `auto` 
                  before the step when that is larger; rows = `optim.split_rows` of the step's sequences, or with
                  `optim.micro_batch_size: auto` the fastest micro-batch whose peak x (1 + MICRO_BATCH_MARGIN) fits
     rollout      generation on the recipe's engine at rollout.max_new_tokens: hf = the trainer's resident memory
-                 (base, adapters, AdamW state) + bf16 KV cache of `rollout.batch_size` sequences + one prefill layer
-                 + decode logits; vLLM = the trainer's resident memory + its claim, gpu_memory_utilization x the card
+                 (base, adapters, AdamW state) + bf16 KV cache of `rollout.batch_size` sequences (and a hybrid's
+                 Gated DeltaNet states, `recurrent_state`) + one prefill layer + decode logits; vLLM = the
+                 trainer's resident memory + its claim, gpu_memory_utilization x the card
     eval         the same at eval.max_new_tokens
     diagnostics  teacher lift, response drift, stage KL and parameter drift (`diagnostics_memory.py`), the worst part
 

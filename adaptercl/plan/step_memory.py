@@ -7,7 +7,8 @@ prompts (U: the most groups a run of `rows` rows spans in rollout order, `micro_
 `train/micro_batch_rows.py` keeps every micro-batch within). When U < rows the training forward takes the
 prefix-shared layout (`model/prefix_sharing.py`): each prompt computed once, U x P + rows x R positions instead of
 rows x (P + R), with each prompt's key/value cache repeated for its rows (`model.shapes.kv_bytes` of rows x P
-tokens) and kept through the rows' forward and backward. Without sharing (U = rows: distinct prompts, or SDFT's one
+tokens, and a hybrid's Gated DeltaNet states, `recurrent_state_bytes` of rows) and kept through the rows' forward and
+backward. Without sharing (U = rows: distinct prompts, or SDFT's one
 sample a prompt) every term is the plain layout's, the layout the constants below were fitted on:
 
     base       NF4 linears at 4.127 bits/param (`model.shapes.base_bytes`) + bf16 embeddings, lm_head, norms
