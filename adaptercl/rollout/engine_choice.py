@@ -22,7 +22,8 @@ failure there or later switches the run to transformers with one line, recorded 
 written (`auto`), so a run resumed on another machine decides again. `recipe plan` plans `auto` as `PLANNED_ENGINE`
 (vLLM: what auto picks on a CUDA card with vLLM installed; `rollout.engine=hf` plans the other case), or as
 transformers for a family vLLM cannot serve (`planned`, `auto_plan_note`). A recipe naming `vllm` or `vllm_server` for
-such a family is refused in one line: its rollouts would come from the base without the adapter.
+such a family is refused in one line, by the run, `recipe validate` and `recipe plan` alike: its rollouts would come
+from the base without the adapter.
 """
 
 from __future__ import annotations
@@ -58,9 +59,7 @@ def resolve_engine(recipe: RecipeConfig) -> tuple[RecipeConfig, EngineChoice]:
     rollout = recipe.stages[0].rollout  # one engine serves every stage (recipe/grammar.py checks)
     family = family_blocker(recipe)
     if rollout.engine != AUTO:
-        if family is not None and rollout.engine in ("vllm", "vllm_server"):
-            raise RecipeError(f"rollout.engine: {rollout.engine} cannot serve {recipe.model.name}: {family}; "
-                              "use rollout.engine: hf (or auto, which picks it)")  # fmt: skip
+        _refuse_vllm_for(recipe, family)
         return recipe, EngineChoice(
             rollout.engine, "named in the recipe" if "engine" in rollout.model_fields_set else "default"
         )
@@ -87,9 +86,11 @@ def with_engine(recipe: RecipeConfig, engine: str) -> RecipeConfig:
 def planned(recipe: RecipeConfig) -> RecipeConfig:
     """The recipe as `recipe plan` plans it: `auto` as PLANNED_ENGINE, or transformers for a family vLLM cannot
     serve (`family_blocker`); any other engine as it is."""
+    family = family_blocker(recipe)
     if recipe.stages[0].rollout.engine != AUTO:
+        _refuse_vllm_for(recipe, family)
         return recipe
-    return with_engine(recipe, "hf" if family_blocker(recipe) else PLANNED_ENGINE)
+    return with_engine(recipe, "hf" if family else PLANNED_ENGINE)
 
 
 def auto_plan_note(written: RecipeConfig) -> str | None:
@@ -102,6 +103,14 @@ def auto_plan_note(written: RecipeConfig) -> str | None:
         return f"rollout.engine auto planned as transformers: {family}"
     return ("rollout.engine auto planned as vLLM (what it picks on a CUDA card with vLLM installed); without vLLM it "
             "is transformers: plan that with rollout.engine=hf")  # fmt: skip
+
+
+def _refuse_vllm_for(recipe: RecipeConfig, family: str | None) -> None:
+    """A recipe naming a vLLM engine for a family vLLM cannot serve (`family` says why) is one RecipeError line."""
+    engine = recipe.stages[0].rollout.engine
+    if family is not None and engine in ("vllm", "vllm_server"):
+        raise RecipeError(f"rollout.engine: {engine} cannot serve {recipe.model.name}: {family}; "
+                          "use rollout.engine: hf (or auto, which picks it)")  # fmt: skip
 
 
 def family_blocker(recipe: RecipeConfig) -> str | None:

@@ -80,9 +80,10 @@ def test_naming_a_vllm_engine_for_qwen3_5_is_one_line(tmp_path, engine, capsys):
     assert line.endswith("use rollout.engine: hf (or auto, which picks it)") and "\n" not in line
     hybrid = str(REPO / "recipes" / "hybrid.yaml")
     server = ["rollout.server.url=http://127.0.0.1:8000"] if engine == "vllm_server" else []
-    assert main(["recipe", "validate", hybrid, "model.name=Qwen/Qwen3.5-4B", f"rollout.engine={engine}", *server]) == 2
-    err_out = capsys.readouterr().err.strip()
-    assert err_out.count("\n") == 0 and "rollout.engine: " in err_out
+    for action in ("validate", "plan"):
+        assert main(["recipe", action, hybrid, "model.name=Qwen/Qwen3.5-4B", f"rollout.engine={engine}", *server]) == 2
+        err_out = capsys.readouterr().err.strip()
+        assert err_out.count("\n") == 0 and f"rollout.engine: {engine} cannot serve Qwen/Qwen3.5-4B" in err_out
 
 
 def test_validate_says_the_family_reason_in_its_engine_line(capsys, no_probe):
