@@ -45,6 +45,8 @@ _EXPORTS = {
     "gib": "shapes",
     "kv_bytes": "shapes",
     "lora_params": "shapes",
+    "model_type_of": "shapes",
+    "recurrent_state_bytes": "shapes",
     "read_model_config": "shapes",
     "shape_from_config": "shapes",
     "shape_of": "shapes",

@@ -25,7 +25,7 @@ every stage after the first parameter drift carries it too (`memory_plan`). No t
 
 from __future__ import annotations
 
-from adaptercl.model import ALL_LINEAR, GIB, Shape, base_bytes, lora_params
+from adaptercl.model import GIB, Shape, base_bytes, lora_params
 from adaptercl.plan.step_memory import C0_GIB, frozen_params, has_teacher, no_grad_layer_bytes, teacher_prompt_tokens
 from adaptercl.recipe import RecipeConfig, StageConfig
 from adaptercl.rollout import step_companions
@@ -69,14 +69,13 @@ def drift_method(recipe: RecipeConfig, shape: Shape) -> str:
     method = recipe.eval.drift_method
     if method != "auto":
         return method
-    return "exact" if max(a * b for a, b in shape.linear_shapes().values()) <= AUTO_EXACT_MAX_NUMEL else "lowrank"
+    largest = max(a * b for i in range(shape.layers) for a, b in shape.layer_shapes(i).values())
+    return "exact" if largest <= AUTO_EXACT_MAX_NUMEL else "lowrank"
 
 
 def drift_targets(shape: Shape, stage: StageConfig) -> list[tuple[int, int]]:
     """(in, out) of every adapted weight of the model."""
-    targets = ALL_LINEAR if stage.lora.target_modules == "all-linear" else stage.lora.target_modules
-    layers = len(stage.lora.layers) if stage.lora.layers is not None else shape.layers
-    return [dims for name, dims in shape.linear_shapes().items() if name in targets] * layers
+    return shape.adapted_weights(stage.lora.target_modules, stage.lora.layers)
 
 
 def drift_cache_bytes(shape: Shape, recipe: RecipeConfig, stage: StageConfig) -> float:

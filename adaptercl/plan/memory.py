@@ -11,14 +11,16 @@ Owns the four GPU phases of a stage, each the worst over the stages, the `auto` 
                  before the step when that is larger; rows = `optim.split_rows` of the step's sequences, or with
                  `optim.micro_batch_size: auto` the fastest micro-batch whose peak x (1 + MICRO_BATCH_MARGIN) fits
     rollout      generation on the recipe's engine at rollout.max_new_tokens: hf = the trainer's resident memory
-                 (base, adapters, AdamW state) + bf16 KV cache of `rollout.batch_size` sequences + one prefill layer
-                 + decode logits; vLLM = the trainer's resident memory + its claim, gpu_memory_utilization x the card
+                 (base, adapters, AdamW state) + bf16 KV cache of `rollout.batch_size` sequences (and a hybrid's
+                 Gated DeltaNet states, `recurrent_state`) + one prefill layer + decode logits; vLLM = the
+                 trainer's resident memory + its claim, gpu_memory_utilization x the card
     eval         the same at eval.max_new_tokens
     diagnostics  teacher lift, response drift, stage KL and parameter drift (`diagnostics_memory.py`), the worst part
 
 No torch: the model's shape comes from `model/shapes.py` (known architectures or a local folder's config.json, never
-the hub); what a colocated vLLM takes is `rollout/vllm_memory.py`'s; `rollout.engine: auto` is planned as vLLM
-(`rollout.engine_choice.planned`). The wall time is `wall_time.py`'s, on the plan's micro-batches.
+the hub); what a colocated vLLM takes is `rollout/vllm_memory.py`'s; `rollout.engine: auto` is planned as vLLM,
+or transformers for a family vLLM cannot serve with LoRA (`rollout.engine_choice.planned`). The wall time is
+`wall_time.py`'s, on the plan's micro-batches.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from adaptercl.model import GIB, Shape, base_bytes, gib, kv_bytes, lora_params, shape_of
+from adaptercl.model import GIB, Shape, base_bytes, gib, kv_bytes, lora_params, recurrent_state_bytes, shape_of
 from adaptercl.plan import rehearsal_check
 from adaptercl.plan.diagnostics_memory import diagnostics_parts, drift_cache_bytes, runs_parameter_drift
 from adaptercl.plan.step_memory import C0_GIB, entropy_pass_terms, frozen_params, train_terms, train_workload
@@ -35,6 +37,7 @@ from adaptercl.recipe import ENGINES, METHODS, RecipeConfig, StageConfig
 from adaptercl.rollout import (
     PROMPT_TOKENS,
     VLLM_ASLEEP_GIB,
+    auto_plan_note,
     planned,
     step_companions,
     vllm_need_terms,
@@ -157,12 +160,15 @@ def resident_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, index
 
 def hfgenerate_terms(shape: Shape, recipe: RecipeConfig, stage: StageConfig, index: int, batch: int, prompt: int,
                       new_tokens: int) -> dict[str, float]:  # fmt: skip
-    """transformers generate on the training model: resident + KV + one prefill layer + decode logits. A no-grad
-    layer holds at most gate, up and their product (3 x intermediate) and ~4 hidden-sized tensors per token."""
+    """transformers generate on the training model: resident + KV (and a hybrid's Gated DeltaNet states) + one
+    prefill layer + decode logits. A no-grad layer holds at most gate, up and their product (3 x intermediate) and ~4
+    hidden-sized tensors per token."""
     prefill = batch * prompt * (3 * shape.intermediate + 4 * shape.hidden) * 2
+    states = {"recurrent_state": recurrent_state_bytes(shape, batch)} if shape.linear else {}
     return {
         **resident_terms(shape, recipe, stage, index),
         "kv_cache": kv_bytes(shape, batch * (prompt + new_tokens)),
+        **states,
         "prefill": prefill,
         "logits": 2 * batch * shape.vocab * 4,  # last-position logits and their softmax, float32
     }
@@ -255,10 +261,7 @@ def _generate_phase(name: str, shape: Shape, recipe: RecipeConfig, prompt: int, 
 
 def _notes(shape: Shape, recipe: RecipeConfig, written: RecipeConfig, prompt: int, card: float) -> list[str]:
     """What the plan chose or assumed for the recipe's `auto` settings."""
-    notes = []
-    if written.stages[0].rollout.engine == "auto":
-        notes.append("rollout.engine auto planned as vLLM (what it picks on a CUDA card with vLLM installed); "
-                     "without vLLM it is transformers: plan that with rollout.engine=hf")  # fmt: skip
+    notes = [note] if (note := auto_plan_note(written)) else []
     auto = [i for i, s in enumerate(recipe.stages) if s.optim.micro_batch_size == "auto"]
     if auto:
         chosen = [auto_micro_batch(shape, recipe, i, prompt, card) for i in auto]
@@ -299,7 +302,7 @@ def plan_recipe(recipe: RecipeConfig, gpu_memory_gib: float = 24.0, prompt_token
                 card: str = "rtx4090") -> Plan:  # fmt: skip
     """Predicted peak GPU memory of each phase (training step, rollouts, evaluation, diagnostics) and the wall time
     on `card` (`wall_time.CARDS`)."""
-    written, recipe = recipe, planned(recipe)  # rollout.engine auto: vLLM, what it picks on a CUDA card with vLLM
+    written, recipe = recipe, planned(recipe)  # rollout.engine auto: what it picks on a CUDA card with vLLM
     shape = shape_of(recipe.model.name)
     gib_ = gpu_memory_gib
     phases = [

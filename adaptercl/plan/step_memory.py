@@ -7,7 +7,8 @@ prompts (U: the most groups a run of `rows` rows spans in rollout order, `micro_
 `train/micro_batch_rows.py` keeps every micro-batch within). When U < rows the training forward takes the
 prefix-shared layout (`model/prefix_sharing.py`): each prompt computed once, U x P + rows x R positions instead of
 rows x (P + R), with each prompt's key/value cache repeated for its rows (`model.shapes.kv_bytes` of rows x P
-tokens) and kept through the rows' forward and backward. Without sharing (U = rows: distinct prompts, or SDFT's one
+tokens, and a hybrid's Gated DeltaNet states, `recurrent_state_bytes` of rows) and kept through the rows' forward and
+backward. Without sharing (U = rows: distinct prompts, or SDFT's one
 sample a prompt) every term is the plain layout's, the layout the constants below were fitted on:
 
     base       NF4 linears at 4.127 bits/param (`model.shapes.base_bytes`) + bf16 embeddings, lm_head, norms
@@ -50,7 +51,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from adaptercl.model import GIB, Shape, base_bytes, kv_bytes, lora_params
+from adaptercl.model import GIB, Shape, base_bytes, kv_bytes, lora_params, recurrent_state_bytes
 from adaptercl.recipe import METHODS, StageConfig
 
 # Fitted on benchmarks/perf/results/cuda_7b_memory.json (see the module docstring; fit_memory_plan.py refits).
@@ -100,7 +101,8 @@ def train_terms(shape: Shape, quantization: str, w: TrainWorkload) -> dict[str, 
     layer = (shape.hidden + shape.intermediate) * 2 * C_ACT  # one layer's kept activations per position, bf16
     inputs = tokens * shape.layers * shape.hidden * 2  # each layer's input, kept under checkpointing
     activ = inputs + widest * layer if w.checkpointing else tokens * layer * shape.layers
-    activ += kv_bytes(shape, w.rows * w.prompt) if shared else 0.0  # each prompt's cache repeated for its rows
+    # each prompt's cache (a hybrid's Gated DeltaNet states too) repeated for its rows
+    activ += kv_bytes(shape, w.rows * w.prompt) + recurrent_state_bytes(shape, w.rows) if shared else 0.0
     positions = min(w.response, w.chunk) if w.chunk else w.response
     one_logits = w.rows * positions * shape.vocab * 4  # [rows, positions, V] float32
     copies = STUDENT_LOGIT_COPIES["chunked" if w.chunk else "full"] + TEACHER_LOGIT_COPIES[w.support]

@@ -5,8 +5,9 @@ What every engine implements and returns (`protocol.py`: `RolloutEngine`, `Sampl
 reference and always on-policy), `vllm` (`vllm.py`, multi-LoRA serving in this process; `colocate.py`, one engine per
 data-parallel rank) and `vllm_server` (`vllm_server.py`, a running vLLM server over HTTP); which version of the
 adapters vLLM serves (`adapter_versions.py`); what top-p / top-k sampling keeps, for logprobs both sides of the
-rollout-mismatch ratio share (`truncation.py`); vLLM's settings and limits, torch-free (`vllm_settings.py`), and what a
-colocated engine takes of the card (`vllm_memory.py`); `rollout.engine: auto` decided (`engine_choice.py`); and the
+rollout-mismatch ratio share (`truncation.py`); vLLM's settings and limits, torch-free (`vllm_settings.py`), what a
+colocated engine takes of the card (`vllm_memory.py`) and which model families it cannot serve with LoRA
+(`vllm_lora_support.py`); `rollout.engine: auto` decided (`engine_choice.py`); and the
 run's engine, built once from the recipe (`engines.py`: `Engines`), vLLM guarded so that a failure under auto goes on
 with transformers and a named one stops in one line (`fallback.py`).
 """
@@ -16,6 +17,7 @@ from importlib import import_module
 # name other folders use -> the module of this folder that defines it; a name equal to its module's is the module
 # itself. Imported on first use: importing the folder loads nothing.
 _EXPORTS = {
+    "auto_plan_note": "engine_choice",
     "falls_back": "engine_choice",
     "planned": "engine_choice",
     "resolve_engine": "engine_choice",
@@ -44,6 +46,7 @@ _EXPORTS = {
     "require_vllm": "vllm_settings",
     "served_lora_rank": "vllm_settings",
     "vllm_lora_rank": "vllm_settings",
+    "vllm_lora_blocker": "vllm_lora_support",
 }
 __all__ = sorted(_EXPORTS)
 

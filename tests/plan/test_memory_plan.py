@@ -186,8 +186,9 @@ def test_unknown_hub_id_is_one_line_and_exit_2(capsys):
 
 
 def test_local_config_json_gives_the_shape(tmp_path):
-    config = {"hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
-              "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False}  # fmt: skip
+    config = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_hidden_layers": 28,
+              "num_attention_heads": 28, "num_key_value_heads": 4, "vocab_size": 152064,
+              "tie_word_embeddings": False}  # fmt: skip
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert ms.shape_of(str(tmp_path)) == SHAPE_7B
 
