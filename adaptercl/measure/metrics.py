@@ -45,6 +45,11 @@ CL_METRIC_DEFINITIONS: dict[str, str] = {
     "forgetting_from_base": "as forgetting but the max also covers row 0 (before training): accuracy the base "
     "model already had and the run lost counts as forgotten too",
     "plasticity": "mean over stages k = 1..T of a[k, c_k] − a[k−1, c_k], each stage's gain on its own domain",
+    "retention_ratio": "mean over the trained domains of a[T, c] / max(a[0, c], max_{k≥f(c)} a[k, c]): the final "
+    "accuracy relative to the best the domain ever reached from its own stage f(c) on or the base already had, so a "
+    "skill the base had before its stage (and a stage that learnt nothing) counts; 1 = all kept",
+    "gain_over_base": "mean over the trained domains of a[T, c] − a[0, c], the final accuracy over the base's: not "
+    "learning a domain, or losing it again, scores 0 or below",
 }
 
 
@@ -72,6 +77,12 @@ def cl_metrics(acc: list[list[float]] | Tensor, trained_columns: list[int] | Non
     and covers the domains with f(c) > 1 (the first domain trained has nothing before it to transfer from);
     plasticity averages over stages (each training event's own gain). Per-domain values are None where a domain
     is not covered.
+
+    - retention_ratio        = mean_c a[T, c] / max(a[0, c], max_{f(c)<=k<=T} a[k, c]) over the trained domains
+                               (per domain None where that max is 0: nothing to retain)
+    - gain_over_base         = mean_c (a[T, c] − a[0, c]) over the trained domains
+      These two cannot be met by not learning: Chaudhry forgetting is 0 for a stage that learns nothing, while the
+      base's own skill on a later domain (row 0) is in retention_ratio's max and gain_over_base's baseline.
 
     Retention probes: per probe {column, before = a[0, c], after = a[T, c], change = after − before,
     min = min_k a[k, c]}, plus mean_before / mean_after / mean_change (None when there are no probes).
@@ -112,6 +123,8 @@ def cl_metrics(acc: list[list[float]] | Tensor, trained_columns: list[int] | Non
                 "bwt": final - a[lst, c].item() if forgotten else None,
                 "forgetting": a[1:T, c].max().item() - final if forgotten else None,  # max_{1<=k<T} a[k, c]
                 "forgetting_from_base": a[:T, c].max().item() - final if forgotten else None,  # max_{0<=k<T}
+                "retention_ratio": retention_ratio(a[:, c], f),
+                "gain_over_base": final - a[0, c].item(),
             }
         )
     per_stage = [
@@ -144,6 +157,8 @@ def cl_metrics(acc: list[list[float]] | Tensor, trained_columns: list[int] | Non
         "forgetting": mean([d["forgetting"] for d in per_domain]),
         "forgetting_from_base": mean([d["forgetting_from_base"] for d in per_domain]),
         "plasticity": mean([s["plasticity"] for s in per_stage]),
+        "retention_ratio": mean([d["retention_ratio"] for d in per_domain]),
+        "gain_over_base": mean([d["gain_over_base"] for d in per_domain]),
         "per_domain": per_domain,
         "per_stage": per_stage,
         "retention": {
@@ -153,6 +168,13 @@ def cl_metrics(acc: list[list[float]] | Tensor, trained_columns: list[int] | Non
             "mean_change": mean([p["change"] for p in probes]),
         },
     }
+
+
+def retention_ratio(column: Tensor, first_stage: int) -> float | None:
+    """a[T] / max(a[0], max_{k>=first_stage} a[k]) of one domain's column [T+1] (row 0 = before training); None when
+    that max is 0 (the domain was never solved: nothing to retain)."""
+    best = max(column[0].item(), column[first_stage:].max().item())
+    return column[-1].item() / best if best > 0 else None
 
 
 def stage_forgetting(acc: list[list[float]] | Tensor, trained_columns: list[int] | None = None) -> list[float | None]:

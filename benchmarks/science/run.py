@@ -37,6 +37,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
 
@@ -46,7 +47,7 @@ sys.path.insert(0, str(HERE.parent))  # benchmarks/, for the shared provenance.p
 sys.path.insert(0, str(HERE))
 
 from provenance import git_revision  # noqa: E402
-from sweeps import COLLECTIONS, DEFAULT_COLLECTION, SEQUENCES, jobs, with_sequence  # noqa: E402
+from sweeps import COLLECTIONS, DEFAULT_COLLECTION, SEQUENCES, interleaved_jobs, jobs, with_sequence  # noqa: E402
 
 from adaptercl.recipe.grammar import RecipeError, resolve_recipe  # noqa: E402
 from adaptercl.system.atomic import write_json  # noqa: E402
@@ -122,6 +123,18 @@ METHODS: dict[str, dict] = {
     # train prompts, passes the gate's rule, and makes GRPO's update otherwise (recipe distill.gate)
     "srpo_gated": {"method": "srpo", "distill": {**AUTOCAST, "gate": LIFT_GATE}, "optim": SRPO_OPTIM},
     "hybrid_gated": merge(HYBRID, {"distill": {"gate": LIFT_GATE}}),
+    # Issue 43 (README "Issue 43: ... pre-registration"): GRPO's knob settings, the points of its frontier
+    "grpo_lr050": {"method": "grpo", "optim": {"lr": 1.5e-4}},
+    "grpo_lr025": {"method": "grpo", "optim": {"lr": 7.5e-5}},
+    "grpo_replay25": {"method": "grpo", "regularizers": {"replay_fraction": 0.25}},  # at_least_one: 1 of 4 prompts
+    "grpo_l2": {"method": "grpo", "regularizers": {"l2_prev": 0.01}},
+    # ... and the hybrid taken apart: its conservative terms alone (also a frontier setting), and without each part
+    "hybrid_no_distill": {"method": "grpo", "regularizers": CONSERVATIVE},
+    "hybrid_no_replay": merge(HYBRID, {"regularizers": {"replay_fraction": 0.0}}),
+    "hybrid_no_l2": merge(HYBRID, {"regularizers": {"l2_prev": 0.0}}),
+    # the multitask reference: GRPO on the union of the sequence's domains, one stage of the sequence's total steps
+    # (`joint_recipe`: the first domain's prompts and the others' through regularizers.replay_domains)
+    "joint": {"method": "grpo"},
     # Not in the default sweep (the earlier collection's; run them with --methods):
     # SDPO's sparse variant: the sampled token only (needs α 1, reverse KL); otherwise as sdpo
     "sdpo_sampled": {"method": "sdpo", "distill": {"support": "sampled", "alpha": 1.0, **AUTOCAST}},
@@ -207,9 +220,14 @@ def method_recipe(
     overrides: list[str] = (),
     data: str | None = DEFAULT_DATA,
     sequence: str | None = None,
+    row0_from: str | None = None,
 ) -> dict:
-    """`base_recipe` and `method`'s blocks: the method on every stage, its blocks at recipe level."""
+    """`base_recipe` and `method`'s blocks: the method on every stage, its blocks at recipe level (`joint`: one
+    multitask stage, `joint_recipe`). `row0_from`: the method whose run of this seed (in `runs`) evaluates row 0 for
+    this one (eval.before_from; not for that method itself)."""
     recipe = base_recipe(overrides, data, sequence)
+    if method == "joint":
+        recipe = joint_recipe(recipe)
     spec = dict(METHODS[method])
     name = spec.pop("method")
     for stage in recipe["stages"]:
@@ -217,7 +235,29 @@ def method_recipe(
     recipe = merge(recipe, spec)
     recipe["seed"] = seed
     recipe["output_dir"] = str(runs / f"{method}-s{seed}")
+    if row0_from is not None and row0_from != method:
+        recipe["eval"]["before_from"] = str(runs / f"{row0_from}-s{seed}")
     return recipe
+
+
+def joint_recipe(recipe: dict) -> dict:
+    """The `joint` reference of a sequence recipe: one stage on the first domain with the sequence's other trained
+    domains replayed (regularizers.replay_domains) at (T − 1)/T of the prompts, `stochastic` rounding (each domain
+    1/T of the prompts in expectation; 2 + 2 of 4 on every step for T = 2), for the sequence's total steps."""
+    out = copy.deepcopy(recipe)
+    stages = out["stages"]
+    trained = list(dict.fromkeys(s["domain"] for s in stages))
+    steps = sum(s.get("optim", {}).get("steps", recipe["optim"]["steps"]) for s in stages)
+    regularizers = {
+        "replay_domains": trained[1:],
+        "replay_fraction": (len(trained) - 1) / len(trained),
+        "replay_rounding": "stochastic",
+    }
+    out["stages"] = [
+        {"name": "joint", "domain": trained[0], "method": stages[0]["method"], "optim": {"steps": steps},
+         "regularizers": regularizers}
+    ]  # fmt: skip
+    return out
 
 
 def run_one(
@@ -227,9 +267,23 @@ def run_one(
     overrides: list[str],
     data: str | None = DEFAULT_DATA,
     sequence: str | None = None,
+    row0_from: str | None = None,
 ) -> None:
-    """Run one method/seed (`launch`)."""
-    launch(f"{method}-s{seed}", method_recipe(method, seed, runs, overrides, data, sequence), runs)
+    """Run one method/seed (`launch`); one that takes its row 0 from another run first waits for it."""
+    recipe = method_recipe(method, seed, runs, overrides, data, sequence, row0_from)
+    if recipe["eval"].get("before_from"):
+        wait_for_row0(Path(recipe["eval"]["before_from"]))
+    launch(f"{method}-s{seed}", recipe, runs)
+
+
+def wait_for_row0(source: Path, poll_s: float = 5.0) -> None:
+    """Until `source` (a run directory another job of the sweep is running) has its row 0 done; SystemExit naming
+    it when that run ended without one."""
+    record = source.with_name(source.name + ".run.json")
+    while not (source / "stage-00-before" / "done.json").is_file():
+        if record.is_file() and json.loads(record.read_text()).get("exit") not in (0, None):
+            raise SystemExit(f"{source.name} ended without its row 0 (see {source.name}.log); its seed cannot run")
+        time.sleep(poll_s)
 
 
 def launch(name: str, recipe: dict, runs: Path) -> None:
@@ -276,6 +330,7 @@ def preflight(
     overrides: list[str],
     data: str | None,
     sequence: str | None = None,
+    row0_from: str | None = None,
 ) -> None:
     """Before hours of runs: every recipe validates (one line naming the run and the field, else) and the probe
     files exist. `seeds`: every method's, or per method."""
@@ -284,9 +339,12 @@ def preflight(
             f"retention probe data not found under {data}: {', '.join(missing_probe_files(data))}; pass --data DIR "
             "(the folder holding arc/, boolq/, piqa/, winogrande/; relative = to the repo root) or --no-probes"
         )
-    for method, seed in jobs(per_method(methods, seeds)):
+    by_method = per_method(methods, seeds)
+    if row0_from is not None and any(set(v) - set(by_method.get(row0_from, [])) for v in by_method.values()):
+        raise SystemExit(f"every seed needs a {row0_from} run (its row 0 is shared): add {row0_from} to --methods")
+    for method, seed in jobs(by_method):
         try:
-            resolve_recipe(method_recipe(method, seed, runs, overrides, data, sequence))
+            resolve_recipe(method_recipe(method, seed, runs, overrides, data, sequence, row0_from))
         except RecipeError as err:
             raise SystemExit(f"{method}-s{seed}: {err}") from None
 
@@ -302,10 +360,48 @@ def portable(path: Path) -> str:
     return resolved.relative_to(ROOT).as_posix() if resolved.is_relative_to(ROOT) else f"<{path.name}>"
 
 
+class Plan(NamedTuple):
+    """One collection as this invocation runs it: its sequence, methods' seeds, folders and overrides."""
+
+    name: str
+    sequence: str | None
+    seeds: dict[str, list[int]]
+    runs: Path
+    out: Path
+    overrides: list[str]
+    row0_from: str | None
+
+
+def plans(args: argparse.Namespace) -> list[Plan]:
+    """The collections asked for, each with its settings; with several, those still waiting for their pilots'
+    sequence are left out (said once), and --runs / --out, which name one collection's folders, are refused."""
+    if len(args.collection) > 1 and (args.runs or args.out or args.sequence):
+        raise SystemExit("--runs, --out and --sequence name one collection's: give one --collection with them")
+    out = []
+    for name in args.collection:
+        collection = COLLECTIONS[name]
+        sequence = args.sequence or collection.sequence
+        if sequence is None and collection.needs_sequence:
+            waiting = (
+                f"collection {name!r} has no sequence yet: run its pilots (benchmarks/science/pilot.py, its README "
+                "section) and set the chosen one in sweeps.py, or pass --sequence NAME for a smoke test"
+            )
+            if len(args.collection) == 1:
+                raise SystemExit(waiting)
+            print(f"{waiting}; skipped", flush=True)
+            continue
+        methods = args.methods or list(collection.seeds)
+        seeds = {m: args.seeds or collection.seeds.get(m, [0, 1, 2]) for m in methods}
+        runs, results = args.runs or ROOT / collection.runs, args.out or HERE / collection.out
+        overrides = [*collection.settings, *args.set]
+        out.append(Plan(name, sequence, seeds, runs, results, overrides, collection.shares_row0_from))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    what = "what to run (sweeps.COLLECTIONS): its sequence, methods, seeds, runs and out folders"
-    parser.add_argument("--collection", choices=list(COLLECTIONS), default=DEFAULT_COLLECTION, help=what)
+    what = "what to run (sweeps.COLLECTIONS): sequence, methods, seeds, runs and out folders; several: one sweep"
+    parser.add_argument("--collection", nargs="+", choices=list(COLLECTIONS), default=[DEFAULT_COLLECTION], help=what)
     parser.add_argument("--methods", nargs="+", choices=list(METHODS), help="default: the collection's")
     parser.add_argument(
         "--seeds", nargs="+", type=int, help="every method's seeds (default: each one's in the collection)"
@@ -320,47 +416,53 @@ def main() -> None:
     parser.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples of the intervals")
     parser.add_argument("--collect-only", action="store_true", help="only collect the finished runs")
     args = parser.parse_args()
-    collection = COLLECTIONS[args.collection]
-    sequence = args.sequence or collection.sequence
-    if sequence is None and collection.needs_sequence:
-        raise SystemExit(
-            f"collection {args.collection!r} has no sequence yet: run the pilots (benchmarks/science/pilot.py, README "
-            '"Issue 37: pilots") and set the chosen one in sweeps.py, or pass --sequence NAME for a smoke test'
-        )
-    methods = args.methods or list(collection.seeds)
-    seeds = {m: args.seeds or collection.seeds.get(m, [0, 1, 2]) for m in methods}
-    runs_dir, out = args.runs or ROOT / collection.runs, args.out or HERE / collection.out
     data = None if args.no_probes else args.data
-    runs_dir.mkdir(parents=True, exist_ok=True)
+    chosen = {plan.name: plan for plan in plans(args)}
+    for plan in chosen.values():
+        plan.runs.mkdir(parents=True, exist_ok=True)
     if not args.collect_only:
-        preflight(methods, seeds, runs_dir, args.set, data, sequence)
-        with ThreadPoolExecutor(args.jobs) as pool:
-            list(pool.map(lambda job: run_one(*job, runs_dir, args.set, data, sequence), jobs(seeds)))
+        for plan in chosen.values():
+            preflight(list(plan.seeds), plan.seeds, plan.runs, plan.overrides, data, plan.sequence, plan.row0_from)
 
+        def run(job: tuple[str, str, int]) -> None:
+            plan = chosen[job[0]]
+            run_one(job[1], job[2], plan.runs, plan.overrides, data, plan.sequence, plan.row0_from)
+
+        with ThreadPoolExecutor(args.jobs) as pool:
+            list(pool.map(run, interleaved_jobs({name: plan.seeds for name, plan in chosen.items()})))
+    for plan in chosen.values():
+        collect(plan, data, args.resamples)
+
+
+def collect(plan: Plan, data: str | None, resamples: int) -> None:
+    """Collect a collection's finished runs into its results files and print them."""
     from collect import collect_runs
     from results import write_results
 
-    runs, missing = collect_runs(runs_dir, methods, seeds)
+    methods = list(plan.seeds)
+    runs, missing = collect_runs(plan.runs, methods, plan.seeds)
     for name in missing:
-        print(f"{name}: not finished (no summary.json; see {runs_dir}/{name}.log)")
+        print(f"{name}: not finished (no summary.json; see {plan.runs}/{name}.log)")
     if not runs:
-        raise SystemExit(f"no finished run under {runs_dir}")
+        print(f"{plan.name}: no finished run under {plan.runs}")
+        return
     setting = {
         "base": str((HERE / "base.yaml").relative_to(ROOT)),
-        "collection": args.collection,
-        "sequence": None if sequence is None else {"name": sequence, "stages": SEQUENCES[sequence]},
-        "seeds": seeds,
-        "overrides": args.set,
-        "runs_dir": portable(runs_dir),
+        "collection": plan.name,
+        "sequence": None if plan.sequence is None else {"name": plan.sequence, "stages": SEQUENCES[plan.sequence]},
+        "seeds": plan.seeds,
+        "overrides": plan.overrides,
+        "row0_from": plan.row0_from,
+        "runs_dir": portable(plan.runs),
         "probes": None if data is None else {"data": data, "files": {n: f for n, (f, _) in PROBES.items()}},
         "reference": REFERENCE,
     }
-    replacements = {str(runs_dir.resolve()): "<runs>", str(runs_dir): "<runs>", str(ROOT): "."}
+    replacements = {str(plan.runs.resolve()): "<runs>", str(plan.runs): "<runs>", str(ROOT): "."}
     if data is not None:
         replacements[str((ROOT / data).resolve())] = "<data>"
-    write_results(runs, out, setting, METHODS, SDPO_VARIANTS, args.resamples, replacements)
-    print((out / "results.md").read_text())
-    print(json.dumps({"results": str(out)}))
+    write_results(runs, plan.out, setting, METHODS, SDPO_VARIANTS, resamples, replacements)
+    print((plan.out / "results.md").read_text())
+    print(json.dumps({"results": str(plan.out)}))
 
 
 if __name__ == "__main__":

@@ -192,7 +192,7 @@ def test_method_recipes_are_valid_and_share_the_budget(tmp_path):
     assert pending <= {"srpo", "srpo_continual"}
     assert set(science_run.DEFAULT_METHODS) == {"grpo", "grpo_kl", "sdpo", "sdpo_gated", "srpo", "srpo_continual",
                                                 "hybrid"}  # fmt: skip
-    for method in sorted(set(science_run.METHODS) - pending):
+    for method in sorted(set(science_run.METHODS) - pending - {"joint"}):  # joint: one stage (issue 43 tests)
         recipe = resolve_recipe(science_run.method_recipe(method, 1, tmp_path))
         for stage in recipe.stages:
             sequences = stage.rollout.group_size * stage.optim.prompts_per_step

@@ -144,6 +144,32 @@ def test_cl_metrics_three_stages_where_the_two_forgettings_differ() -> None:
     assert per_domain[1]["forgetting_from_base"] == pytest.approx(0.3)
 
 
+def test_retention_ratio_and_gain_over_base_by_hand() -> None:
+    # issue 43's case: the base already answers domain 1 at 0.57; stage 1 (domain 0) drives it to 0.0 and stage 2
+    # (domain 1) brings it back to 0.05 only. Chaudhry forgetting sees domain 0 alone; retention_ratio and
+    # gain_over_base count domain 1's lost prior skill.
+    acc = [[0.10, 0.57], [0.86, 0.00], [0.80, 0.05]]
+    result = cl_metrics(acc)
+    per_domain = {d["column"]: d for d in result["per_domain"]}
+    assert per_domain[0]["retention_ratio"] == pytest.approx(0.80 / 0.86)  # max(0.10, 0.86, 0.80)
+    assert per_domain[1]["retention_ratio"] == pytest.approx(0.05 / 0.57)  # the base's 0.57, not stage 2's 0.05
+    assert result["retention_ratio"] == pytest.approx((0.80 / 0.86 + 0.05 / 0.57) / 2)
+    assert result["gain_over_base"] == pytest.approx(((0.80 - 0.10) + (0.05 - 0.57)) / 2)
+    assert result["forgetting"] == pytest.approx(0.86 - 0.80)  # blind to domain 1
+    # a run that stops after stage 1 (row 2 = row 1) forgets nothing, yet keeps none of domain 1's prior skill
+    skip = cl_metrics([[0.10, 0.57], [0.86, 0.00], [0.86, 0.00]])
+    assert skip["forgetting"] == 0.0 and skip["retention_ratio"] == pytest.approx((1.0 + 0.0) / 2)
+    assert skip["gain_over_base"] == pytest.approx(((0.86 - 0.10) + (0.0 - 0.57)) / 2)
+    # a domain never solved, before or after: nothing to retain, left out of the mean
+    never = cl_metrics([[0.0, 0.5], [0.0, 0.6]], trained_columns=[0])
+    assert never["per_domain"][0]["retention_ratio"] is None and never["retention_ratio"] is None
+    # the max runs from the domain's own first stage: a later domain's accuracy before its stage (above the base)
+    # does not count
+    late = cl_metrics([[0.2, 0.1], [0.3, 0.9], [0.2, 0.4]])
+    assert {d["column"]: d for d in late["per_domain"]}[1]["retention_ratio"] == pytest.approx(1.0)  # 0.4 / 0.4
+    json.dumps(result, allow_nan=False)
+
+
 def test_every_headline_metric_has_a_definition() -> None:
     result = cl_metrics(ACC_4x3)
     headline = {k for k, v in result.items() if isinstance(v, float)}
