@@ -35,6 +35,8 @@ from importlib import import_module
 # itself. Imported on first use: importing the folder loads nothing.
 _EXPORTS = {
     "BUILTINS": "builtin",
+    "count_lettered_options": "answers",
+    "LETTERS": "prompt_template",
     "FORMATS": "datasets_formats",
     "Domain": "domain",
     "Example": "domain",

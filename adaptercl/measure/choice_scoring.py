@@ -23,9 +23,7 @@ import torch
 from torch import Tensor
 
 from adaptercl.adapters import active_adapters
-from adaptercl.domains import Domain, Example
-from adaptercl.domains.answers import count_lettered_options
-from adaptercl.domains.prompt_template import LETTERS
+from adaptercl.domains import LETTERS, Domain, Example, count_lettered_options
 from adaptercl.system import distributed
 
 BATCH_ROWS = 16  # sequences per forward

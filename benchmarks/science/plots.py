@@ -25,10 +25,11 @@ def save(fig, path: Path) -> None:
     plt.close(fig)
 
 
-def pareto(points: list[dict], path: Path) -> None:
+def pareto(points: list[dict], path: Path, frontier: list[tuple[float, float]] = ()) -> None:
     """Plasticity (x) against forgetting (y), one point per method with its two 95 % intervals as error bars
     (`headline.pareto_points`); the reference (GRPO) drawn as a large star with dashed lines through it: up-left of
-    it is worse on both, down-right better on both."""
+    it is worse on both, down-right better on both. `frontier`: GRPO's frontier F(x) (`frontier.frontier_curve`),
+    drawn as a line: below it is above the frontier (less forgetting than GRPO attains at that plasticity)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -55,6 +56,9 @@ def pareto(points: list[dict], path: Path) -> None:
         if p["reference"]:
             ax.axvline(p["x"], color="k", lw=0.8, ls="--")
             ax.axhline(p["y"], color="k", lw=0.8, ls="--")
+    if frontier:
+        xs, ys = zip(*frontier)
+        ax.plot(xs, ys, color="0.4", lw=1.5, ls="-", label="GRPO's frontier F(x)", zorder=1)
     ax.set(
         xlabel="plasticity: mean gain on each stage's own domain (higher is better)",
         ylabel="forgetting (Chaudhry; lower is better)",

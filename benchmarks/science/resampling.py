@@ -18,12 +18,14 @@ import torch
 
 from adaptercl.measure.metrics import cl_metrics, stage_forgetting
 
-RUN_FIGURES = ("acc", "forgetting", "plasticity", "bwt", "fwt")  # of cl_metrics, bootstrapped
+RUN_FIGURES = ("acc", "forgetting", "plasticity", "bwt", "fwt", "retention_ratio", "gain_over_base")  # of cl_metrics
 
 
 def figures(acc: torch.Tensor, cols: list[int]) -> dict[str, float | None]:
     """The bootstrapped figures of one accuracy matrix [K+1, D]: RUN_FIGURES, every cell (`cell k d`), each stage's
-    gain on its own domain (`gain k` = a[k, c_k] − a[k−1, c_k], stages 1..K; plasticity is their mean), the
+    gain on its own domain (`gain k` = a[k, c_k] − a[k−1, c_k], stages 1..K; plasticity is their mean), each trained
+    domain's retention_ratio and gain_over_base (`retention_ratio c`, `gain_over_base c`; their means are in
+    RUN_FIGURES: `measure.metrics.cl_metrics`), the
     forgetting each stage caused (`stage_forgetting k`, stages 2..K), each domain's peak (`peak d` = max over the
     rows, before training included) and the general-ability delta: each retention probe's change over the whole
     sequence (`probe_change d` = a[K, d] − a[0, d], d never trained) and their mean (`general_delta`, None without
@@ -35,6 +37,9 @@ def figures(acc: torch.Tensor, cols: list[int]) -> dict[str, float | None]:
         out[f"probe_change {probe['column']}"] = probe["change"]
     for d in range(acc.shape[1]):
         out[f"peak {d}"] = acc[:, d].max().item()
+    for domain in cl["per_domain"]:  # issue 43: per trained domain
+        out[f"retention_ratio {domain['column']}"] = domain["retention_ratio"]
+        out[f"gain_over_base {domain['column']}"] = domain["gain_over_base"]
     for k, c in enumerate(cols, start=1):
         out[f"gain {k}"] = (acc[k, c] - acc[k - 1, c]).item()
     for k, value in enumerate(stage_forgetting(acc, cols), start=1):
@@ -149,3 +154,19 @@ def paired_means(summary: dict, draws: Draws, left: str, right: str, key: str) -
         values = [v for v in values if v is not None]
         out.append(statistics.fmean(values) if values else None)
     return out[0], out[1]
+
+
+def sign_flip_p(values: list[float], alternative: str) -> float | None:
+    """The exact one-sided sign-flip (permutation) p of paired per-seed differences: the share of the 2^n sign
+    assignments whose mean is at least as extreme as the observed one in the `alternative` direction ("> 0" or
+    "< 0"). With n seeds the smallest p is 2^-n (6 seeds: 0.016; 3 seeds: 0.125, which no test at 0.05 can pass).
+    None without values. (Exact at small n where a bootstrap is anti-conservative: docs/design.md §5a.)"""
+    if not values:
+        return None
+    n, observed = len(values), statistics.fmean(values)
+    sign = 1.0 if alternative == "> 0" else -1.0
+    hits = 0
+    for mask in range(2**n):
+        flipped = statistics.fmean(v if mask >> i & 1 else -v for i, v in enumerate(values))
+        hits += sign * flipped >= sign * observed - 1e-12  # ties count (a 1e-12 slack for float sums)
+    return hits / 2**n

@@ -13,10 +13,12 @@ from typing import Any
 
 from analysis import hybrid_goal, kl_vs_forgetting, paper_checks, summarise, teacher_lift_table
 from format_artifacts import artifact_table, artifacts_md
+from frontier import frontier_curve, frontier_md, frontier_points, headline_43
 from gate import gate_md, gate_table
 from headline import general_delta, learnable_stages, pareto_points, peak_final, versus_reference
 from plots import pareto, plot
 from provenance import command, git_revision, machine, versions
+from references import with_references
 from signals import signal_table, signals_md
 
 from adaptercl.system.atomic import write_json, write_text
@@ -53,8 +55,10 @@ def write_results(
     for r in records:
         runs.setdefault(r["method"], {})[r["seed"]] = r
     reference = setting.get("reference", "grpo")
+    trained_runs = runs  # the runs that trained: their training traces are tabled
+    runs = with_references(runs, reference)  # + base and stage_skip from the reference's runs; joint reshaped
     summary, draws, seeds = summarise(runs, resamples)
-    lift_rows = teacher_lift_table(runs)
+    lift_rows = teacher_lift_table(trained_runs)
     data = {
         "meta": {
             "setting": setting,
@@ -73,9 +77,12 @@ def write_results(
         "pareto": pareto_points(summary, reference),
         "summary": summary,
         "teacher_lift": lift_rows,
-        "training_signals": signal_table(runs),
-        "lift_gate": gate_table(runs),
-        "formatting_artifacts": artifact_table(runs, reference),
+        "references": [m for m in ("base", "stage_skip", "joint") if m in runs],
+        "frontier": frontier_points(summary),
+        "frontier_headline": headline_43(summary, draws, reference),
+        "training_signals": signal_table(trained_runs),
+        "lift_gate": gate_table(trained_runs),
+        "formatting_artifacts": artifact_table(trained_runs, reference),
         "kl_vs_forgetting": kl_vs_forgetting(summary, runs, resamples),
         "paper_checks": paper_checks(summary, draws, lift_rows),
         "hybrid_goal": hybrid_goal(summary, draws, sdpo_variants),
@@ -86,7 +93,7 @@ def write_results(
     write_json(out / "results.json", data)
     write_text(out / "results.md", markdown(data, runs))
     plot(data, runs, out / "results.png")
-    pareto(data["pareto"], out / "pareto.png")
+    pareto(data["pareto"], out / "pareto.png", frontier_curve(data["frontier"]))
     return data
 
 
@@ -178,6 +185,7 @@ def markdown(data: dict, runs: dict[str, dict[int, dict]]) -> str:
                 f"| {name} | " + " | ".join(with_ci(s["figures"][f"cell {k} {d}"]) for d in range(len(domains))) + " |"
             )
         L.append("")
+    L += frontier_md(data)
     L += headline_md(data)
     L += teacher_lift_md(data["teacher_lift"])
     L += signals_md(data["training_signals"])

@@ -46,7 +46,8 @@ ROOT = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/, for the shared provenance.py
 sys.path.insert(0, str(HERE))
 
-from provenance import git_revision  # noqa: E402
+from ledger import load_records, restore_row0, save_records, save_row0  # noqa: E402
+from provenance import git_revision, machine  # noqa: E402
 from sweeps import COLLECTIONS, DEFAULT_COLLECTION, SEQUENCES, interleaved_jobs, jobs, with_sequence  # noqa: E402
 
 from adaptercl.recipe.grammar import RecipeError, resolve_recipe  # noqa: E402
@@ -286,6 +287,20 @@ def wait_for_row0(source: Path, poll_s: float = 5.0) -> None:
         time.sleep(poll_s)
 
 
+def cpu_description() -> str:
+    """The CPU's model and the vector/matrix extensions that change float32 results: what a run record names."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
+    return f"{machine()['cpu']} ({' '.join(shown)})"
+
+
+CPU = cpu_description()
+
+
 def launch(name: str, recipe: dict, runs: Path) -> None:
     """Run `recipe` as a subprocess from the repo root; a finished run is skipped (adaptercl would return at once),
     one finished with another recipe is refused (SystemExit naming it), an interrupted one resumes.
@@ -314,6 +329,7 @@ def launch(name: str, recipe: dict, runs: Path) -> None:
         f"python -m adaptercl.cli recipe run <runs>/{recipe_path.name}",
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "cpu": CPU,  # runs of one collection may come from several machines (ledger.py): which one made this
     }
     t0 = time.perf_counter()
     with open(runs / f"{name}.log", "a") as log:
@@ -424,9 +440,17 @@ def main() -> None:
         for plan in chosen.values():
             preflight(list(plan.seeds), plan.seeds, plan.runs, plan.overrides, data, plan.sequence, plan.row0_from)
 
+        committed = {name: load_records(plan.out) for name, plan in chosen.items()}
+
         def run(job: tuple[str, str, int]) -> None:
-            plan = chosen[job[0]]
-            run_one(job[1], job[2], plan.runs, plan.overrides, data, plan.sequence, plan.row0_from)
+            plan, method, seed = chosen[job[0]], job[1], job[2]
+            if (method, seed) in committed[plan.name] and not (plan.runs / f"{method}-s{seed}").is_dir():
+                git = committed[plan.name][(method, seed)]["provenance"].get("git", "?")
+                print(f"{plan.name} {method}-s{seed}: collected earlier (records.json, git {git})", flush=True)
+                return
+            if plan.row0_from and method != plan.row0_from and (plan.row0_from, seed) in committed[plan.name]:
+                restore_row0(plan.out, plan.runs, f"{plan.row0_from}-s{seed}")  # its run folder is gone
+            run_one(method, seed, plan.runs, plan.overrides, data, plan.sequence, plan.row0_from)
 
         with ThreadPoolExecutor(args.jobs) as pool:
             list(pool.map(run, interleaved_jobs({name: plan.seeds for name, plan in chosen.items()})))
@@ -437,10 +461,16 @@ def main() -> None:
 def collect(plan: Plan, data: str | None, resamples: int) -> None:
     """Collect a collection's finished runs into its results files and print them."""
     from collect import collect_runs
-    from results import write_results
+    from results import scrub, write_results
 
     methods = list(plan.seeds)
     runs, missing = collect_runs(plan.runs, methods, plan.seeds)
+    committed = load_records(plan.out)
+    here = {(r["method"], r["seed"]) for r in runs}
+    runs += [
+        r for key, r in committed.items() if key not in here and key[0] in plan.seeds and key[1] in plan.seeds[key[0]]
+    ]
+    missing = [name for name in missing if tuple(name.rsplit("-s", 1)) not in {(m, str(s)) for m, s in committed}]
     for name in missing:
         print(f"{name}: not finished (no summary.json; see {plan.runs}/{name}.log)")
     if not runs:
@@ -460,7 +490,12 @@ def collect(plan: Plan, data: str | None, resamples: int) -> None:
     replacements = {str(plan.runs.resolve()): "<runs>", str(plan.runs): "<runs>", str(ROOT): "."}
     if data is not None:
         replacements[str((ROOT / data).resolve())] = "<data>"
-    write_results(runs, plan.out, setting, METHODS, SDPO_VARIANTS, resamples, replacements)
+    data = write_results(runs, plan.out, setting, METHODS, SDPO_VARIANTS, resamples, replacements)
+    # what a later session on another machine resumes from (ledger.py): the records, and each seed's shared row 0
+    save_records(plan.out, scrub(runs, replacements))
+    for seed in sorted({r["seed"] for r in runs}) if plan.row0_from else []:
+        save_row0(plan.out, plan.runs, f"{plan.row0_from}-s{seed}")
+    del data
     print((plan.out / "results.md").read_text())
     print(json.dumps({"results": str(plan.out)}))
 

@@ -27,6 +27,7 @@ MISSING = object()
 NOT_COUNTED = {
     "PYTEST_CURRENT_TEST": "pytest's own",
     "KMP_DUPLICATE_LIB_OK": "scikit-learn sets it on import (threadpoolctl's workaround for two OpenMP runtimes)",
+    "TORCHINDUCTOR_CACHE_DIR": "torch._inductor sets its cache folder when first imported",
 }
 
 
