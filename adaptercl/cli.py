@@ -2,8 +2,9 @@
 
     adaptercl recipe run FILE [key=value ...]       run or resume a continual sequence
     adaptercl recipe validate FILE [key=value ...]  check a recipe, and what it names on this machine (files,
-                                                    reward imports, vLLM), without loading anything heavy; print
-                                                    how each domain decides correct and success
+                                                    reward imports, vLLM, the first rows of each domain's data),
+                                                    without loading anything heavy; print how each domain decides
+                                                    correct and success, and what validation capped
     adaptercl recipe show FILE [key=value ...]      print the resolved recipe (defaults merged into stages)
     adaptercl recipe serve FILE [key=value ...] [--port 8000] [--tensor-parallel-size N] [--data-parallel-size N]
                            [--print-command]        the vLLM rollout server for `rollout.engine: vllm_server`
@@ -156,12 +157,14 @@ def _recipe(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.file, args.overrides)
     if args.action == "validate":
         from adaptercl.rollout import resolve_engine
-        from adaptercl.run import decision_lines, preflight
+        from adaptercl.run import data_lines, decision_lines, preflight
 
         recipe, choice = resolve_engine(recipe)
         preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
+        data = data_lines(recipe)  # the first rows of every domain here, rendered as the run will
         print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains); {choice.line()}")
-        print("".join(f"  {line}\n" for line in decision_lines(recipe)), end="")
+        lines = [*decision_lines(recipe), *data]
+        print("".join(f"  {line}\n" for line in lines), end="")
         return 0
     if args.action == "serve":
         from adaptercl.ship import rollout_server_command, serve_rollouts

@@ -21,17 +21,21 @@ checks what a recipe says; this checks it against this machine, each problem one
   and reads its task index, a few seconds, only when tasks are set.
 - every tracker of `report_to` has its package installed (`measure.trackers.require_trackers`).
 
-`adaptercl recipe validate` and `sequence.run_recipe` call it. No torch import: validate stays well under a second
-(importing a user's reward module aside, and resolving `rollout.engine: auto` where a CUDA driver is found, which
-imports vLLM). `decision_lines` is what validate prints after "ok": per domain, how a sample is judged correct (the
-accuracy matrix) and a success (SDPO/hybrid, `domains.is_success`).
+`adaptercl recipe validate` then reads the data (`data_lines`: the first rows of each domain it can reach without a
+download, rendered as the run will; the run reads them all when it loads the domains).
+
+`adaptercl recipe validate` and `sequence.run_recipe` call `preflight`. No torch import: validate stays well under
+a second (importing a user's reward module aside, resolving `rollout.engine: auto` where a CUDA driver is found,
+which imports vLLM, and pandas for a .csv source's first rows). `decision_lines` is what validate prints after
+"ok": per domain, how a sample is judged correct (the accuracy matrix) and a success (SDPO/hybrid,
+`domains.is_success`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from adaptercl.domains import BUILTINS, FORMATS, check_domain, load_trl_rewards
+from adaptercl.domains import BUILTINS, FORMATS, check_domain, check_domain_data, load_trl_rewards
 from adaptercl.measure import require_trackers
 from adaptercl.model import check_lora_layers, read_model_config
 from adaptercl.recipe import ENGINES, METHODS, DomainConfig, RecipeConfig, RecipeError, RolloutServerConfig
@@ -101,6 +105,13 @@ def check_rollout_server(settings: RolloutServerConfig) -> None:
         raise RecipeError(str(err)) from None
     finally:
         client.close()
+
+
+def data_lines(recipe: RecipeConfig) -> list[str]:
+    """`recipe validate`'s reading of the data, after `preflight`: per dataset domain, the first rows of each source
+    this machine holds read and rendered as the run will (`domains.check_domain_data`), or what was not checked; a
+    problem is a RecipeError line. Reads local files and the local hub cache only."""
+    return [line for cfg in recipe.domains if (line := check_domain_data(cfg)) is not None]
 
 
 def decision_lines(recipe: RecipeConfig) -> list[str]:
