@@ -163,7 +163,7 @@ def _recipe(args: argparse.Namespace) -> int:
         preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
         data = data_lines(recipe)  # the first rows of every domain here, rendered as the run will
         print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains); {choice.line()}")
-        lines = [*decision_lines(recipe), *data]
+        lines = [*decision_lines(recipe), *data, *recipe.validation_notes()]
         print("".join(f"  {line}\n" for line in lines), end="")
         return 0
     if args.action == "serve":
