@@ -243,6 +243,8 @@ def _merge(args: argparse.Namespace) -> int:
         except ValueError:
             raise RecipeError(f"merge: --weights must be comma-separated numbers, got {args.weights!r}") from None
     report = merge_adapter_folders(args.adapters, args.out, args.method, weights, args.density, args.rank, args.seed)
+    for line in report["warnings"]:  # an input that already holds another's ΔW
+        print(f"warning: {line}", file=sys.stderr)
     print(
         f"wrote {args.out} (rank {report['rank']}, {len(report['rel_error'])} modules); relative Frobenius error "
         f"of the re-factorisation: mean {report['rel_error_mean']:.3g}, max {report['rel_error_max']:.3g}"
