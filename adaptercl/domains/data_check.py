@@ -47,13 +47,16 @@ def check_domain_data(cfg: DomainConfig, rows: int = CHECKED_ROWS) -> str | None
     if not read:
         return f"{cfg.name}: data not checked: {unchecked}"
     settled = settle_answer_kind(cfg, [row for _, (_, numbered) in read for _, row in numbered])
-    examples = [ex for split, found in read for ex in rows_to_examples(settled, fmt, found, split, [0])]
+    skipped = [0]  # rows skip_malformed skips, as the run would
+    examples = [ex for split, found in read for ex in rows_to_examples(settled, fmt, found, split, skipped)]
     check_golds(settled, cfg.reward or fmt.reward, examples)
     where = " and ".join(f"the first {len(numbered)} rows of {text}" for _, (text, numbered) in read)
-    kind = ""
+    notes = [f"{skipped[0]} malformed, skipped (skip_malformed)"] if skipped[0] else []
     if settled.answer_kind is not None:
-        kind = f"; answer column read as {settled.answer_kind}" + (" (from its values)" if not cfg.answer_kind else "")
-    line = f"{cfg.name}: {where} read and rendered as the run reads them{kind}"
+        notes.append(
+            f"answer column read as {settled.answer_kind}" + ("" if cfg.answer_kind else " (from its values)")
+        )
+    line = f"{cfg.name}: {where} read and rendered as the run reads them" + "".join(f"; {n}" for n in notes)
     return line + (f"; not checked: {unchecked}" if unchecked else "")
 
 

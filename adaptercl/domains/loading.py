@@ -296,7 +296,8 @@ def read_rows(path: Path, limit: int | None = None) -> list[tuple[int, Any]]:
         import datasets
 
         reader = datasets.Dataset.from_parquet if suffix == ".parquet" else datasets.Dataset.from_csv
-        return list(enumerate(reader(str(path)), start=1))
+        with _datasets_quiet(progress_bars=False):  # one local file: no bar above the run's lines or an error's
+            return list(enumerate(reader(str(path)), start=1))
     raise RecipeError(f"{path}: unsupported file type {suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")
 
 
