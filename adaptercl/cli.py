@@ -157,11 +157,10 @@ def _recipe(args: argparse.Namespace) -> int:
     recipe = load_recipe(args.file, args.overrides)
     if args.action == "validate":
         from adaptercl.rollout import resolve_engine
-        from adaptercl.run import data_lines, decision_lines, preflight
+        from adaptercl.run import decision_lines, preflight
 
         recipe, choice = resolve_engine(recipe)
-        preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
-        data = data_lines(recipe)  # the first rows of every domain here, rendered as the run will
+        data = preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
         print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains); {choice.line()}")
         lines = [*decision_lines(recipe), *data, *recipe.validation_notes()]
         print("".join(f"  {line}\n" for line in lines), end="")

@@ -19,15 +19,15 @@ checks what a recipe says; this checks it against this machine, each problem one
   recipe and this machine, not a server that may be started later: it checks only the URL's form (the grammar);
 - `eval.lm_eval.tasks`: lm-eval is installed and knows every task (its include_path exists); this imports lm-eval
   and reads its task index, a few seconds, only when tasks are set.
-- every tracker of `report_to` has its package installed (`measure.trackers.require_trackers`).
+- every tracker of `report_to` has its package installed (`measure.trackers.require_trackers`);
+- the data: the first rows of each domain it can reach without a download, rendered as the run will
+  (`data_lines`, `domains.check_domain_data`; the run reads every row when it loads the domains), so a run whose
+  rows do not fit its recipe is refused before its directory is claimed, and `recipe validate` prints what was read.
 
-`adaptercl recipe validate` then reads the data (`data_lines`: the first rows of each domain it can reach without a
-download, rendered as the run will; the run reads them all when it loads the domains).
-
-`adaptercl recipe validate` and `sequence.run_recipe` call `preflight`. No torch import: validate stays well under
-a second (importing a user's reward module aside, resolving `rollout.engine: auto` where a CUDA driver is found,
-which imports vLLM, and pandas for a .csv source's first rows). `decision_lines` is what validate prints after
-"ok": per domain, how a sample is judged correct (the accuracy matrix) and a success (SDPO/hybrid,
+`adaptercl recipe validate`, `sequence.run_recipe` and `adaptercl eval` call `preflight`. No torch import: validate
+stays well under a second (importing a user's reward module aside, resolving `rollout.engine: auto` where a CUDA
+driver is found, which imports vLLM, and pandas for a .csv source's first rows). `decision_lines` is what validate
+prints after "ok": per domain, how a sample is judged correct (the accuracy matrix) and a success (SDPO/hybrid,
 `domains.is_success`).
 """
 
@@ -43,14 +43,16 @@ from adaptercl.rollout import require_vllm, served_lora_rank
 from adaptercl.system import distributed
 
 
-def preflight(recipe: RecipeConfig, contact_server: bool = True) -> None:
-    """Raise the first problem found as a one-line RecipeError; return None when the recipe can start.
-    `contact_server`: also make the first contact with a `vllm_server` engine's server (see the module docstring)."""
+def preflight(recipe: RecipeConfig, contact_server: bool = True) -> list[str]:
+    """Raise the first problem found as a one-line RecipeError; when the recipe can start, return what it read of
+    the data (`data_lines`, which `recipe validate` prints). `contact_server`: also make the first contact with a
+    `vllm_server` engine's server (see the module docstring)."""
     check_output_dir(recipe.output_dir)
     check_model_path(recipe.model.name)
     check_lora_layers(recipe)
     for domain in recipe.domains:
         check_domain(domain)
+    data = data_lines(recipe)  # the first rows: a run refuses before its directory is claimed or a model loads
     engine = ENGINES.get(recipe.stages[0].rollout.engine)  # one engine serves every stage (config checks); auto: None
     if recipe.stages[0].rollout.max_lora_rank is not None:  # set: it must hold the recipe's adapters, any engine
         served_lora_rank(recipe)
@@ -64,6 +66,7 @@ def preflight(recipe: RecipeConfig, contact_server: bool = True) -> None:
     # last: it may wait out the retries of an unreachable server
     if engine is not None and engine.needs_server and contact_server:
         check_rollout_server(recipe.stages[0].rollout.server)
+    return data
 
 
 def check_output_dir(output_dir: str) -> None:

@@ -144,3 +144,9 @@ def test_data_that_is_not_here_is_said_to_be_not_checked(tmp_path, capsys, hub_c
     assert (
         code == 0 and "web: data not checked: https://example.com/rows.jsonl (a URL, which the run downloads)\n" in out
     )
+
+
+def test_a_run_whose_rows_do_not_fit_is_refused_before_it_claims_its_directory(tmp_path, capsys):
+    assert main(["recipe", "run", recipe_file(tmp_path, mmlu_domain(tmp_path, reward="choice_letter"))]) == 2
+    assert one_error_line(capsys.readouterr().err).startswith("domains.mmlu.answer_kind: column 'answer' holds 1,")
+    assert not (tmp_path / "run").exists()  # no half-written run directory
