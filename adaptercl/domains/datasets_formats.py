@@ -20,6 +20,10 @@ line naming the file and row (or skips and counts with `skip_malformed`).
 |             | allenai/winogrande                                            |               |                      |
 | generic     | `cfg.fields`: prompt, answer, [demonstration], [system]; or   | cfg.reward    | mapped field         |
 |             | `cfg.prompt_template` over any columns (`prompt_template.py`) |               |                      |
+|             | the answer as `answer_kind`/`answer_options` say (`gold_answers.py`) |        |                      |
+
+Each preset's rows are also in its `RowFormat.schema` (the generic format's in `row_schema`): a row the format cannot
+read is one line naming the field and the rows the format expects (`format tooluse expects rows {...}`).
 
 The teacher sees the reward's feedback as the reference rewards give it unless `cfg.feedback` says otherwise
 (`rewards.with_feedback`): format problems only for gsm8k and math500 (`feedback/math.py`), none for sciknoweval
