@@ -20,7 +20,7 @@ line naming the file and row (or skips and counts with `skip_malformed`).
 |             | allenai/winogrande                                            |               |                      |
 | generic     | `cfg.fields`: prompt, answer, [demonstration], [system]; or   | cfg.reward    | mapped field         |
 |             | `cfg.prompt_template` over any columns (`prompt_template.py`) |               |                      |
-|             | the answer as `answer_kind`/`answer_options` say (`gold_answers.py`) |        |                      |
+|             | the answer as `answer_kind` says (`gold_answers.py`)          |               |                      |
 
 Each preset's rows are also in its `RowFormat.schema` (the generic format's in `row_schema`): a row the format cannot
 read is one line naming the field and the rows the format expects (`format tooluse expects rows {...}`).
