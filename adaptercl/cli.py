@@ -2,8 +2,9 @@
 
     adaptercl recipe run FILE [key=value ...]       run or resume a continual sequence
     adaptercl recipe validate FILE [key=value ...]  check a recipe, and what it names on this machine (files,
-                                                    reward imports, vLLM), without loading anything heavy; print
-                                                    how each domain decides correct and success
+                                                    reward imports, vLLM, the first rows of each domain's data),
+                                                    without loading anything heavy; print how each domain decides
+                                                    correct and success, and what validation capped
     adaptercl recipe show FILE [key=value ...]      print the resolved recipe (defaults merged into stages)
     adaptercl recipe serve FILE [key=value ...] [--port 8000] [--tensor-parallel-size N] [--data-parallel-size N]
                            [--print-command]        the vLLM rollout server for `rollout.engine: vllm_server`
@@ -159,9 +160,10 @@ def _recipe(args: argparse.Namespace) -> int:
         from adaptercl.run import decision_lines, preflight
 
         recipe, choice = resolve_engine(recipe)
-        preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
+        data = preflight(recipe, contact_server=False)  # a rollout server may be started later; the run contacts it
         print(f"ok: {args.file} ({len(recipe.stages)} stages, {len(recipe.domains)} domains); {choice.line()}")
-        print("".join(f"  {line}\n" for line in decision_lines(recipe)), end="")
+        lines = [*decision_lines(recipe), *data, *recipe.validation_notes()]
+        print("".join(f"  {line}\n" for line in lines), end="")
         return 0
     if args.action == "serve":
         from adaptercl.ship import rollout_server_command, serve_rollouts
@@ -240,6 +242,8 @@ def _merge(args: argparse.Namespace) -> int:
         except ValueError:
             raise RecipeError(f"merge: --weights must be comma-separated numbers, got {args.weights!r}") from None
     report = merge_adapter_folders(args.adapters, args.out, args.method, weights, args.density, args.rank, args.seed)
+    for line in report["warnings"]:  # an input that already holds another's ΔW
+        print(f"warning: {line}", file=sys.stderr)
     print(
         f"wrote {args.out} (rank {report['rank']}, {len(report['rel_error'])} modules); relative Frobenius error "
         f"of the re-factorisation: mean {report['rel_error_mean']:.3g}, max {report['rel_error_max']:.3g}"

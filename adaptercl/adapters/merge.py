@@ -6,7 +6,8 @@ writer) in `factors.py`; this module only strings them together.
 - `merge_adapter_folders` (`adaptercl merge`): ΔW-space merge of PEFT adapter folders (each ΔW = scale·B·A, per
   module, union of modules), truncated-SVD re-factorisation to `rank`, written as a PEFT folder with
   lora_alpha = r (scale 1: the factors hold the merged ΔW itself) plus `merge_report.json` (relative Frobenius
-  error of the re-factorisation per module, mean and max).
+  error of the re-factorisation per module, mean and max) and its `warnings`: an input that already holds another
+  input's ΔW (a run's `init: merge` stage merged with a stage its start merged: `counted_twice`).
 - `init_adapter_from_merge` (`adapter.init: merge`): the same merge of the earlier stages' task vectors
   (`stage_task_vectors`: each stage adapter's ΔW minus the ΔW it started from, the rule in `stacking.py`) in a live
   model, written into the stage's freshly attached adapter. An earlier merge stage's start is not kept as an
@@ -76,6 +77,7 @@ def merge_adapter_folders(
     if not 0.0 < density <= 1.0:
         raise RecipeError(f"merge: density must be in (0, 1], got {density}")
     adapters = [read_adapter_folder(p) for p in paths]
+    warnings = counted_twice(paths)
     rank = rank or max(a.rank for a in adapters)
     if rank < 1:
         raise RecipeError(f"merge: rank must be >= 1, got {rank}")
@@ -95,11 +97,36 @@ def merge_adapter_folders(
         "density": density,
         "rank": rank,
         "seed": seed,
+        "warnings": warnings,
         **error_summary(errors),
     }
     merged_factors = LoraFactors(modules, 1.0, scale_one_config(adapters[0].config, modules, rank))
     write_adapter_folder(out, merged_factors, dtype, {REPORT_FILE: json.dumps(report, indent=2) + "\n"})
     return report
+
+
+def counted_twice(paths: list[str | Path]) -> list[str]:
+    """One line per input that already holds another input's ΔW: the adapter of a run's stage trained with
+    `adapter.init: merge` (its folder's stage done.json lists the stages its start merged, `init_merge.sources`)
+    merged with the adapter (or combined adapter) of one of those stages of the same run. Merging both counts that
+    stage's ΔW twice; the merge still runs (a user may mean it), said in the report and by `adaptercl merge`."""
+    folders = [Path(p).resolve() for p in paths]
+    lines = []
+    for folder in folders:
+        done = folder.parent / "done.json"
+        try:
+            record = json.loads(done.read_text()) if done.is_file() else {}
+        except (OSError, json.JSONDecodeError):
+            continue  # not a finished stage's folder as the run wrote it: nothing to tell
+        sources = (record.get("init_merge") or {}).get("sources") or []
+        for other in folders:
+            if other != folder and other.parent.parent == folder.parent.parent and other.parent.name in sources:
+                lines.append(
+                    f"{folder.parent.name}'s adapter started from a merge of {', '.join(sources)} (adapter.init: "
+                    f"merge), so it already holds {other.parent.name}'s ΔW: merging it with {other} counts that ΔW "
+                    f"twice; leave {other} out to count it once"
+                )
+    return lines
 
 
 def error_summary(errors: dict[str, float]) -> dict[str, Any]:

@@ -21,6 +21,9 @@ The reward is `cfg.reward` when given (a name from `rewards.REWARDS` or `pkg.mod
 format's default; `rewards.py` holds the rewards and `answers.py` the reading of answers out of replies. TRL-style
 reward functions (`cfg.reward_funcs` with `reward_weights`, TRL's signature) are batched: `trl_rewards.py`. A
 generic dataset's prompt may be rendered from its columns by `cfg.prompt_template` (`prompt_template.py`).
+`recipe validate` reads the first rows of each source it can reach without a download and renders them as the run
+will (`data_check.py`); a multiple-choice answer column is read as its `answer_kind` says, or as its values show,
+and every gold must take the form the reward compares with (`gold_answers.py`).
 `format_patterns` are regexes of this domain's own answer-format tokens; the drift monitor counts them in other
 domains' responses to measure format leakage.
 
@@ -45,6 +48,7 @@ _EXPORTS = {
     "is_success": "domain",
     "score_samples": "domain",
     "check_domain": "loading",
+    "check_domain_data": "data_check",
     "load_domain": "loading",
     "load_trl_rewards": "trl_rewards",
     "reward_component_stats": "trl_rewards",

@@ -20,6 +20,10 @@ line naming the file and row (or skips and counts with `skip_malformed`).
 |             | allenai/winogrande                                            |               |                      |
 | generic     | `cfg.fields`: prompt, answer, [demonstration], [system]; or   | cfg.reward    | mapped field         |
 |             | `cfg.prompt_template` over any columns (`prompt_template.py`) |               |                      |
+|             | the answer as `answer_kind` says (`gold_answers.py`)          |               |                      |
+
+Each preset's rows are also in its `RowFormat.schema` (the generic format's in `row_schema`): a row the format cannot
+read is one line naming the field and the rows the format expects (`format tooluse expects rows {...}`).
 
 The teacher sees the reward's feedback as the reference rewards give it unless `cfg.feedback` says otherwise
 (`rewards.with_feedback`): format problems only for gsm8k and math500 (`feedback/math.py`), none for sciknoweval
@@ -46,8 +50,9 @@ from typing import Any
 
 from adaptercl.domains.answers import extract_choice_letter
 from adaptercl.domains.domain import MalformedRow
-from adaptercl.domains.prompt_template import LETTERS, option_letter, render_prompt
-from adaptercl.recipe import DomainConfig, FeedbackKind
+from adaptercl.domains.gold_answers import row_gold
+from adaptercl.domains.prompt_template import LETTERS, render_prompt
+from adaptercl.recipe import DomainConfig, FeedbackKind, template_fields
 
 Messages = list[dict[str, str]]
 
@@ -57,12 +62,36 @@ PROBE_SUFFIX = "\n\nAnswer with the letter of the correct option."
 UNLABELLED = " (the hub test split is unlabelled: evaluate on eval_split: validation)"
 
 
+# The rows each preset reads (its error lines name them).
+GSM8K_ROWS = '{"question": str, "answer": the rationale ending in "#### N"}'
+MATH500_ROWS = '{"problem": str, "answer": the final answer (str), "solution": str (optional)}'
+SCIKNOWEVAL_ROWS = '{"prompt": the question with its lettered options, "answer": one letter, "system": str (optional)}'
+TOOLUSE_ROWS = (
+    '{"prompt": the tool documentation and the question (str), "answer": a list (or its JSON string) of '
+    '{"Action": the tool name, "Action_Input": JSON of its arguments}}, as the SDPO/SDFT tooluse data'
+)
+ARC_ROWS = (
+    '{"query", "choices": [str], "gold": 0-based index} (lm-eval) or {"question", "choices": {"text", "label"}, '
+    '"answerKey"} (allenai/ai2_arc)'
+)
+BOOLQ_ROWS = (
+    '{"sentence": "question: ...\\npassage: ...", "label": True/False} (lm-eval) or {"question", "passage", '
+    '"answer": bool} (google/boolq)'
+)
+PIQA_ROWS = '{"query", "choices", "gold"} (lm-eval) or {"goal", "sol1", "sol2", "label": 0/1} (ybisk/piqa)'
+WINOGRANDE_ROWS = (
+    '{"context_options", "continuation", "gold"} (lm-eval) or {"sentence" with a "_" blank, "option1", "option2", '
+    '"answer": "1"/"2"} (allenai/winogrande)'
+)
+
+
 @dataclass(frozen=True)
 class RowFormat:
     to_example: Callable[[dict, DomainConfig], tuple[Messages, Any, str | None]]
     reward: str | None  # default reward name (REWARDS); None = cfg.reward is required
     format_patterns: list[str]
     feedback: FeedbackKind = "format"  # default `cfg.feedback`: the reference's (lasgroup/SDPO reward_score/feedback)
+    schema: str = ""  # the rows it reads, for a row's error line: "format tooluse expects rows {schema}"
 
 
 def need(row: dict, field: str, kind: type | tuple[type, ...] = str) -> Any:
@@ -239,8 +268,8 @@ def generic_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | 
     """cfg.fields maps prompt/answer (required) and demonstration/system (optional) to dataset fields.
 
     The prompt field may hold a string (the user turn) or a list of chat messages; with `cfg.prompt_template` the
-    user turn is rendered from the row's columns instead (`prompt_template.py`), and with `cfg.answer_options` the
-    answer becomes the letter of the option it designates.
+    user turn is rendered from the row's columns instead (`prompt_template.py`), and with `cfg.answer_options` or
+    `cfg.answer_kind` the answer becomes the letter of the option it designates (`gold_answers.py`).
     """
     fields = {key: cfg.fields.get(key, key) for key in GENERIC_FIELDS}
     if cfg.prompt_template is not None:
@@ -249,10 +278,6 @@ def generic_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | 
         prompt = need(row, fields["prompt"], (str, list))
     if (fields["answer"] not in row or row[fields["answer"]] is None) and not cfg.reward_funcs:
         raise MalformedRow(fields["answer"], "is missing")  # TRL-style rewards read their own columns instead
-    answer = row.get(fields["answer"])
-    if cfg.answer_options is not None:
-        options = need(row, cfg.answer_options, (dict, list))
-        answer = option_letter(answer, options, fields["answer"], cfg.answer_options)
     demo = row.get(fields["demonstration"])
     if demo is not None and not isinstance(demo, str):
         raise MalformedRow(fields["demonstration"], f"must be str, got {type(demo).__name__}")
@@ -260,15 +285,20 @@ def generic_example(row: dict, cfg: DomainConfig) -> tuple[Messages, Any, str | 
     if system is None and "system" in cfg.fields:
         system = row.get(fields["system"]) if isinstance(row.get(fields["system"]), str) else None
     if isinstance(prompt, str):
-        return chat(prompt, system), answer, demo
-    ok = all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in prompt
-    )
-    if not ok or prompt[-1]["role"] != "user":
-        raise MalformedRow(fields["prompt"], "must be a string or chat messages ending with a user turn")
-    messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
-    if system and messages[0]["role"] != "system":
-        messages.insert(0, {"role": "system", "content": system})
+        messages = chat(prompt, system)
+    else:
+        ok = all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in prompt
+        )
+        if not ok or prompt[-1]["role"] != "user":
+            raise MalformedRow(fields["prompt"], "must be a string or chat messages ending with a user turn")
+        messages = [{"role": m["role"], "content": m["content"]} for m in prompt]
+        if system and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": system})
+    answer = row.get(fields["answer"])
+    if (cfg.answer_options is not None or cfg.answer_kind is not None) and answer is not None:
+        answer = row_gold(row, answer, cfg, fields["answer"], messages[-1]["content"])
     return messages, answer, demo
 
 
@@ -283,13 +313,36 @@ def conversational_prompt(row: dict, cfg: DomainConfig) -> bool:
 PROBE_PATTERNS: list[str] = []
 
 FORMATS: dict[str, RowFormat] = {
-    "gsm8k": RowFormat(gsm8k_example, "final_number", [r"####"]),
-    "math500": RowFormat(math500_example, "boxed_math", [r"\\boxed"]),
-    "sciknoweval": RowFormat(sciknoweval_example, "answer_tag", [r"<answer>", r"</answer>"], feedback="none"),
-    "tooluse": RowFormat(tooluse_example, "action_calls", [r"Action:", r"Action Input:"], feedback="correctness"),
-    "arc": RowFormat(arc_example, "choice_letter", PROBE_PATTERNS),
-    "boolq": RowFormat(boolq_example, "choice_letter", PROBE_PATTERNS),
-    "piqa": RowFormat(piqa_example, "choice_letter", PROBE_PATTERNS),
-    "winogrande": RowFormat(winogrande_example, "choice_letter", PROBE_PATTERNS),
-    "generic": RowFormat(generic_example, None, []),
+    "gsm8k": RowFormat(gsm8k_example, "final_number", [r"####"], schema=GSM8K_ROWS),
+    "math500": RowFormat(math500_example, "boxed_math", [r"\\boxed"], schema=MATH500_ROWS),
+    "sciknoweval": RowFormat(
+        sciknoweval_example, "answer_tag", [r"<answer>", r"</answer>"], feedback="none", schema=SCIKNOWEVAL_ROWS
+    ),
+    "tooluse": RowFormat(
+        tooluse_example, "action_calls", [r"Action:", r"Action Input:"], feedback="correctness", schema=TOOLUSE_ROWS
+    ),
+    "arc": RowFormat(arc_example, "choice_letter", PROBE_PATTERNS, schema=ARC_ROWS),
+    "boolq": RowFormat(boolq_example, "choice_letter", PROBE_PATTERNS, schema=BOOLQ_ROWS),
+    "piqa": RowFormat(piqa_example, "choice_letter", PROBE_PATTERNS, schema=PIQA_ROWS),
+    "winogrande": RowFormat(winogrande_example, "choice_letter", PROBE_PATTERNS, schema=WINOGRANDE_ROWS),
+    "generic": RowFormat(generic_example, None, []),  # its rows are the recipe's: `row_schema`
 }
+
+
+def row_schema(cfg: DomainConfig) -> str:
+    """'format NAME expects rows {...}': the rows a domain's format reads (the generic format's from its fields,
+    prompt_template and answer_options), for the line of a row it cannot read."""
+    name = cfg.format or "generic"
+    if name != "generic":
+        return f"format {name} expects rows {FORMATS[name].schema}"
+    fields = {key: cfg.fields.get(key, key) for key in GENERIC_FIELDS}
+    if cfg.prompt_template is not None:
+        parts = [f"the columns prompt_template names ({', '.join(template_fields(cfg.prompt_template))})"]
+    else:
+        parts = [f'"{fields["prompt"]}": the user turn (str) or chat messages']
+    optional = " (optional with reward_funcs)" if cfg.reward_funcs else ""
+    parts.append(f'"{fields["answer"]}": the gold answer{optional}')
+    if cfg.answer_options is not None:
+        columns = cfg.answer_options if isinstance(cfg.answer_options, list) else [cfg.answer_options]
+        parts.append(f"the options in {', '.join(repr(c) for c in columns)}")
+    return f"the generic format expects rows with {', '.join(parts)}"

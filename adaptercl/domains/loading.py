@@ -26,8 +26,12 @@ default: the format's reference behaviour, "format" for builtin sources). TRL-st
 `cfg.reward` with TRL's signature) become `Domain.batch_reward` (`trl_rewards.py`); every example keeps its row's
 columns for them as they are, `fields` renaming none (`Example.columns`; a function reading a role `fields` maps
 elsewhere is warned about once, `trl_rewards.fields_warning`), and whether the row gave its prompt as chat messages.
-A malformed row raises `RecipeError` naming the file, row and field; with `skip_malformed` it is skipped and counted
-in `Domain.skipped`.
+A malformed row raises `RecipeError` naming the file, row and field, and the rows the format expects (the columns
+the row has beside them); with `skip_malformed` it is skipped and counted in `Domain.skipped`. A generic domain's
+answer kind is read off the whole answer column when `answer_options` is given without `answer_kind`, and every gold
+must take the form the reward compares with (`gold_answers.py`: a mismatch is one line, never a silent 0). The
+same reading of a domain's first rows (`source_rows` with a limit, `rows_to_examples`) is `recipe validate`'s data
+check (`data_check.py`).
 """
 
 from __future__ import annotations
@@ -42,8 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from adaptercl.domains.builtin import BUILTINS, load_builtin
-from adaptercl.domains.datasets_formats import FORMATS, MalformedRow, RowFormat, conversational_prompt
+from adaptercl.domains.datasets_formats import FORMATS, MalformedRow, RowFormat, conversational_prompt, row_schema
 from adaptercl.domains.domain import Domain, Example, RewardFn
+from adaptercl.domains.gold_answers import check_golds, settle_answer_kind
 from adaptercl.domains.rewards import resolve_reward, with_feedback
 from adaptercl.domains.trl_rewards import TrlRewards, fields_warning, load_trl_rewards
 from adaptercl.recipe import DATA_SUFFIXES, HUB_ID, DomainConfig, RecipeError, hub_id, is_url, source_kind, url_suffix
@@ -109,13 +114,14 @@ def load_domain(cfg: DomainConfig, seed: int, num_eval: int) -> Domain:
 
     train_source, eval_source = sources
     skipped = [0]
-    if eval_source is not None:
-        eval_examples = _examples(cfg, fmt, eval_source, "eval", skipped, limit=num_eval)
-        train_examples = _examples(cfg, fmt, train_source, "train", skipped)
-        random.Random(seed).shuffle(train_examples)
-    else:
-        train_examples = _examples(cfg, fmt, train_source, "train", skipped)
-        random.Random(seed).shuffle(train_examples)
+    eval_rows = source_rows(cfg, eval_source) if eval_source is not None else None  # first, as always
+    train_rows = source_rows(cfg, train_source)
+    cfg = settle_answer_kind(cfg, [row for _, row in train_rows[1] + (eval_rows[1] if eval_rows else [])])
+    eval_examples = rows_to_examples(cfg, fmt, eval_rows, "eval", skipped, limit=num_eval) if eval_rows else []
+    train_examples = rows_to_examples(cfg, fmt, train_rows, "train", skipped)
+    check_golds(cfg, cfg.reward or fmt.reward, eval_examples + train_examples)  # every row: never a silent 0
+    random.Random(seed).shuffle(train_examples)
+    if eval_rows is None:  # held out from the shuffled training rows
         eval_examples, train_examples = train_examples[:num_eval], train_examples[num_eval:]
 
     eval_keys = {prompt_key(ex.messages) for ex in eval_examples}
@@ -203,19 +209,31 @@ def _split_file(cfg: DomainConfig, folder: Path, split: str, key: str) -> Path:
     )
 
 
-def _examples(
-    cfg: DomainConfig, fmt: RowFormat, source: Source, split: str, skipped: list[int], limit: int | None = None
-) -> list[Example]:
-    """Examples of one source in row order; stops after `limit` usable rows."""
+def source_rows(cfg: DomainConfig, source: Source, limit: int | None = None) -> tuple[str, list[tuple[int, Any]]]:
+    """(where, for error lines; the (row number, row) of one source), its first `limit` rows when given (a local
+    file reads no further; hub and URL sources are read whole)."""
     kind, where = source
     if kind == "hub":
-        where_text, rows = f"{hub_id(cfg.source)}[{where}]", _hub_rows(cfg, where)
-    elif kind == "url":
-        where_text, rows = where, _url_rows(cfg, where, "source" if where == cfg.source else "eval_file")
-    else:
-        where_text, rows = str(where), read_rows(where)
+        return f"{hub_id(cfg.source)}[{where}]", _hub_rows(cfg, where)[:limit]
+    if kind == "url":
+        return where, _url_rows(cfg, where, "source" if where == cfg.source else "eval_file")[:limit]
+    return str(where), read_rows(where, limit)
+
+
+def rows_to_examples(
+    cfg: DomainConfig,
+    fmt: RowFormat,
+    rows: tuple[str, list[tuple[int, Any]]],
+    split: str,
+    skipped: list[int],
+    limit: int | None = None,
+) -> list[Example]:
+    """Examples of one source's `rows` (`source_rows`) in row order; stops after `limit` usable rows. A row the
+    format cannot read is a RecipeError naming the file, the row, the field and the rows the format expects (or,
+    with `skip_malformed`, counted in `skipped`)."""
+    where_text, numbered = rows
     out = []
-    for number, row in rows:
+    for number, row in numbered:
         try:
             if isinstance(row, InvalidLine):
                 raise MalformedRow(None, f"invalid JSON ({row.message})")
@@ -224,7 +242,9 @@ def _examples(
             messages, answer, demo = fmt.to_example(row, cfg)
         except MalformedRow as err:
             if not cfg.skip_malformed:
-                raise RecipeError(f"domains.{cfg.name}: {where_text}: row {number}: {err}") from None
+                raise RecipeError(
+                    f"domains.{cfg.name}: {where_text}: row {number}: {err}; {row_help(cfg, row)}"
+                ) from None
             skipped[0] += 1
             continue
         columns = dict(row)  # the row's columns, for TRL-style rewards
@@ -236,6 +256,14 @@ def _examples(
     return out
 
 
+def row_help(cfg: DomainConfig, row: Any) -> str:
+    """What a row the format cannot read should have been, and the columns it has (a misspelt one shows there)."""
+    if not isinstance(row, dict):
+        return row_schema(cfg)
+    columns = ", ".join(map(str, list(row)[:12])) + (", ..." if len(row) > 12 else "")
+    return f"{row_schema(cfg)} (this row has {columns})"
+
+
 @dataclass(frozen=True)
 class InvalidLine:
     """A .jsonl line that is not JSON, kept as a row so it is reported (or skipped) with its line number."""
@@ -243,18 +271,23 @@ class InvalidLine:
     message: str
 
 
-def read_rows(path: Path) -> list[tuple[int, Any]]:
-    """(1-based row number, row) of a local file; for .jsonl the number is the line number."""
+def read_rows(path: Path, limit: int | None = None) -> list[tuple[int, Any]]:
+    """(1-based row number, row) of a local file, its first `limit` rows when given; for .jsonl the number is the
+    line number. A .csv or .parquet file is read as `datasets` reads it (pandas' CSV reader into Arrow), so a limited
+    read gives the rows of a whole one, typed alike."""
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         rows = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((number, json.loads(line)))
-            except json.JSONDecodeError as err:
-                rows.append((number, InvalidLine(err.msg)))
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if limit is not None and len(rows) >= limit:
+                    break
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((number, json.loads(line)))
+                except json.JSONDecodeError as err:
+                    rows.append((number, InvalidLine(err.msg)))
         return rows
     if suffix == ".json":
         try:
@@ -265,13 +298,33 @@ def read_rows(path: Path) -> list[tuple[int, Any]]:
             data = next(iter(data.values()))  # {"data": [...]}
         if not isinstance(data, list):
             raise RecipeError(f"{path}: a .json source must hold a list of rows")
-        return list(enumerate(data, start=1))
+        return list(enumerate(data[:limit], start=1))
+    if suffix in (".parquet", ".csv") and limit is not None:
+        return list(enumerate(_first_table_rows(path, limit), start=1))
     if suffix in (".parquet", ".csv"):
         import datasets
 
         reader = datasets.Dataset.from_parquet if suffix == ".parquet" else datasets.Dataset.from_csv
-        return list(enumerate(reader(str(path)), start=1))
+        with _datasets_quiet(progress_bars=False):  # one local file: no bar above the run's lines or an error's
+            return list(enumerate(reader(str(path)), start=1))
     raise RecipeError(f"{path}: unsupported file type {suffix!r}; use one of {', '.join(FILE_SUFFIXES)}")
+
+
+def _first_table_rows(path: Path, limit: int) -> list[dict]:
+    """The first `limit` rows of a .csv (pandas' reader, as `datasets`' csv builder) or .parquet file, through Arrow
+    as `datasets` gives them, without reading the rest or writing a cache."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        if path.suffix.lower() == ".parquet":
+            batch = next(pq.ParquetFile(path).iter_batches(batch_size=limit), None)
+            return batch.to_pylist() if batch is not None else []
+        import pandas as pd
+
+        return pa.Table.from_pandas(pd.read_csv(path, nrows=limit), preserve_index=False).to_pylist()
+    except Exception as err:  # a file that does not parse: one line, as a run's read of it
+        raise RecipeError(f"{path}: not a readable {path.suffix} file ({first_line(err)})") from None
 
 
 def _hub_rows(cfg: DomainConfig, split: str) -> list[tuple[int, Any]]:

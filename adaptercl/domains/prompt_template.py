@@ -10,8 +10,8 @@ rendered as lettered lines, one per option:
 A dict whose keys are the letters A, B, ... in order keeps them; any other dict (keys "1", "2" or words) and every
 list are lettered by position. The Hugging Face choices form `{"text": [...], "label": [...]}` (ARC, OpenBookQA,
 CommonsenseQA) is read as the dict label -> text. `answer_options: options` then turns the answer column into that
-option's letter (`option_letter`): a letter, a 0-based index, a dict key, or the option's own text. A missing
-column raises `MalformedRow` naming it (the loader adds the file and row). Used by the generic format
+option's letter (`gold_answers.py`: a letter, a 0-based or 1-based index, a dict key, or the option's own text). A
+missing column raises `MalformedRow` naming it (the loader adds the file and row). Used by the generic format
 (`datasets_formats.py`).
 """
 
@@ -66,27 +66,3 @@ def render_prompt(template: str, row: dict) -> str:
         value = row[name]
         values[name] = lettered_lines(value, name) if isinstance(value, dict | list) else str(value)
     return string.Formatter().vformat(template, (), values)
-
-
-def option_letter(answer: Any, options: Any, answer_column: str, options_column: str) -> str:
-    """The letter of the option `answer` designates: a letter, a 0-based index, a dict key or the option text."""
-    options = choices_form(options)
-    items = option_items(options, options_column)
-    letters = [letter for letter, _ in items]
-    keys = [str(k).strip() for k in options] if isinstance(options, dict) else []
-    text = str(answer).strip()
-    if text in keys:  # a dict's own key first: keys "1", "2" are keys, not indices
-        return letters[keys.index(text)]
-    if text.upper() in letters:
-        return text.upper()
-    if text.isdigit():
-        index = int(text)
-        if 0 <= index < len(items):
-            return letters[index]
-        raise MalformedRow(answer_column, f"index {index} is out of range for {len(items)} options")
-    matches = [letter for letter, option in items if option == text]
-    if matches:
-        return matches[0]
-    raise MalformedRow(
-        answer_column, f"{answer!r} is none of the options' letters ({', '.join(letters)}), indices, keys or texts"
-    )

@@ -289,8 +289,9 @@ def _plot_training_curves(run: dict, path: Path) -> None:
     offset = 0
     for stage in run["stages"]:
         steps = [offset + m["step"] for m in stage["metrics"]]
-        top.plot(steps, [m.get("reward_mean", float("nan")) for m in stage["metrics"]], label=stage["name"])
-        bottom.plot(steps, [m.get("teacher_divergence", float("nan")) for m in stage["metrics"]], label=stage["name"])
+        for ax, key in ((top, "reward_mean"), (bottom, "teacher_divergence")):
+            values = [m.get(key, float("nan")) for m in stage["metrics"]]
+            ax.plot(steps, values, label=stage["name"], **series_style(values))
         offset += len(stage["metrics"])
     top.set_ylabel("reward mean")
     bottom.set_ylabel("teacher-student divergence")
@@ -298,6 +299,17 @@ def _plot_training_curves(run: dict, path: Path) -> None:
     top.legend(fontsize=8)
     top.set_title("training curves")
     _save(fig, path)
+
+
+def series_style(values: list[float]) -> dict:
+    """Plot options of a curve: a marker on every point when one of its values has no finite neighbour (a stage that
+    distilled on one step; a one-step stage), which a line alone would not draw at all."""
+    finite = [v == v and abs(v) != float("inf") for v in values]  # v == v: not NaN
+    lone = any(
+        ok and not (i > 0 and finite[i - 1]) and not (i + 1 < len(finite) and finite[i + 1])
+        for i, ok in enumerate(finite)
+    )
+    return {"marker": "o", "markersize": 3} if lone else {}
 
 
 def _plot_drift(run: dict, path: Path) -> None:

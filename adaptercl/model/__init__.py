@@ -12,7 +12,9 @@ from importlib import import_module
 # name other folders use -> the module of this folder that defines it; a name equal to its module's is the module
 # itself. Imported on first use: importing the folder loads nothing.
 _EXPORTS = {
+    "ALIAS_SOURCES": "base",
     "activation_checkpointing": "checkpointing",
+    "base_folder": "base",
     "card_gib": "base",
     "decoder_and_head": "base",
     "HubSource": "base",

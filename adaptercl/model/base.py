@@ -12,7 +12,8 @@ Built-in aliases:
   GGUF-loaded model refuses `save_pretrained`, so a plain model is rebuilt from its config and state dict).
 
 What an export names as the base (`hub_source`): the hub id an alias stands for (`ALIAS_SOURCES`), or a hub id as
-given; tiny-random, local folders and GGUF files have none.
+given; tiny-random, local folders and GGUF files have none. Where a base is on this machine, to load an export
+against it offline (`base_folder`): the folder `load_base` reads, an alias's conversion included.
 
 Filling the cache never touches the global torch RNG (`_global_rng_untouched`): a run seeds before loading the
 base, so a random draw made only on a cold cache (the random init of a model built from a config) would shift
@@ -185,6 +186,25 @@ def resolve_model_path(model_cfg: ModelConfig) -> tuple[str, str]:
         f"model.name: {name!r} is not a built-in alias (tiny-random, smollm2-135m-instruct), an existing folder, "
         "a .gguf file or a hub id of the form org/name"
     )
+
+
+def base_folder(name: str, cache_dir: str | None = None) -> str:
+    """The local folder the base `name` (a recipe's model.name) loads from on this machine, offline: a built-in
+    alias's (built in code or converted from the GGUF of its wheel once, under the cache dir, or its snapshot in the
+    local hub cache), a folder as it is, a GGUF file's conversion, a hub id's snapshot in the local hub cache. What
+    an export's model card loads offline; a RecipeError line when the base is not here."""
+    path, _ = resolve_model_path(ModelConfig(name=name, cache_dir=cache_dir))
+    if Path(path).is_dir():
+        return path
+    from huggingface_hub import snapshot_download  # a hub id: its snapshot, never a download
+
+    try:
+        return snapshot_download(path, local_files_only=True)
+    except Exception:  # noqa: BLE001 - any miss of the local hub cache
+        raise RecipeError(
+            f"base {name!r} is not in the local hub cache; download it once (`hf download {name}`) or load it by "
+            "its hub id online"
+        ) from None
 
 
 def is_hub_id(name: str) -> bool:

@@ -114,10 +114,13 @@ class MeasuredWallTime:
 
 
 def duration(seconds: float) -> str:
-    """'N min' under 90 minutes (one decimal under 10), else 'N.N h'."""
+    """'N s' under a minute (one decimal under 10 s), 'N min' under 90 minutes (one decimal under 10), else
+    'N.N h': never a figure rounded to 0 (a short CPU recipe's card figure read '~0.0 h')."""
     minutes = seconds / 60
     if minutes >= 90:
         return f"{minutes / 60:.1f} h"
+    if seconds < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
     return f"{minutes:.1f} min" if minutes < 10 else f"{minutes:.0f} min"
 
 

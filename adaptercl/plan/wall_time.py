@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from adaptercl.model import GIB, Shape, gib, kv_bytes
 from adaptercl.plan import rehearsal_check
 from adaptercl.plan.diagnostics_memory import drift_method
+from adaptercl.plan.rehearsal import duration
 from adaptercl.plan.step_memory import micro_batch_groups, teacher_prompt_tokens
 from adaptercl.plan.throughputs import (
     CARDS,
@@ -133,10 +134,11 @@ class WallTime:
         return sum(part.seconds for part in self.parts.values())
 
     def render(self) -> str:
-        phases = " + ".join(f"{phase} {self.phase_s(phase) / 3600:.1f} h" for phase in dict.fromkeys(PARTS.values()))
+        phases = " + ".join(f"{phase} {duration(self.phase_s(phase))}" for phase in dict.fromkeys(PARTS.values()))
         head = (
-            f"wall time on an {self.card}-class card (every response at the cap): ~{self.total_s / 3600:.1f} h = "
-            f"{phases}"
+            f"wall time on an {self.card}-class card (every response at the cap): ~{duration(self.total_s)} = "
+            f"{phases}; another machine (a CPU): `adaptercl recipe rehearse` measures it there, then `recipe plan "
+            "--rehearsal` gives its wall time"
         )
         rows = [f"  {f.kind:<8} {f.what}: {f.value} ({f.source})" for f in self.figures]
         return "\n".join([head, "time figures (adaptercl/plan/wall_time.py):", *rows])

@@ -12,6 +12,7 @@ from importlib import import_module
 # name other folders use -> the module of this folder that defines it; a name equal to its module's is the module
 # itself. Imported on first use: importing the folder loads nothing.
 _EXPORTS = {
+    "AnswerKind": "domain_block",
     "DATA_SUFFIXES": "domain_block",
     "DomainConfig": "domain_block",
     "FeedbackKind": "domain_block",

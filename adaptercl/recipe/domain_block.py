@@ -67,6 +67,8 @@ def url_suffix(url: str) -> str:
 # problems of form (no answer found, malformed call) and a user reward's own feedback; "correctness" = also that
 # the answer is wrong and what was expected; "none" = never.
 FeedbackKind = Literal["format", "correctness", "none"]
+# How a multiple-choice answer column designates its option (`domains/gold_answers.py` reads each kind).
+AnswerKind = Literal["letter", "index0", "index1", "key", "text"]
 # How TRL-style rewards see prompts and completions: "conversational" = message lists, "standard" = strings; "auto"
 # follows each row's prompt as the source gave it (chat messages or a string), as TRL's GRPOTrainer does.
 RewardFormat = Literal["auto", "conversational", "standard"]
@@ -160,11 +162,22 @@ class DomainConfig(ConfigBlock):
         "'{question}\n\n{options}'; a dict or list column is rendered as lettered lines 'A. ...'. Replaces "
         "fields.prompt.",
     )
-    answer_options: str | None = Field(
+    answer_options: str | list[str] | None = Field(
         None,
-        description="generic format: the column holding the options the answer column refers to; the answer (an "
-        "option letter, a 0-based index, a dict key or the option's text) becomes the option's letter, as "
-        "prompt_template renders it (score with reward: choice_letter).",
+        description="generic format: where the options the answer column refers to are: one column holding them (a "
+        "list, a dict, or the hub's {text, label}) or a list of columns, one per option in order ([choice0, "
+        "choice1, choice2, choice3], as MMLU's CSVs). The answer becomes the letter of the option it designates, "
+        "as prompt_template letters them (score with reward: choice_letter); answer_kind says how it is written.",
+    )
+    answer_kind: AnswerKind | None = Field(
+        None,
+        description="generic format: how the answer column designates the right option: 'letter' (A, B, ...), "
+        "'index0' (0-based: 0 = A, as MMLU, HellaSwag, PIQA), 'index1' (1-based: 1 = A, as Winogrande), 'key' (a key "
+        "of a dict options column or a label of {text, label}, as ARC's answerKey) or 'text' (the option's own "
+        "text; needs answer_options). The answer becomes that option's letter. Default: read from the column when "
+        "answer_options is given (the kind every gold value fits; more than one, e.g. indices 1-3 of 4 options, is "
+        "refused naming this field), else the answer as it is. A letter-comparing reward (choice_letter, "
+        "answer_tag, mcq) whose gold values are not option letters is refused at validation, never scored 0.",
     )
     feedback: FeedbackKind | None = Field(
         None,
@@ -263,9 +276,15 @@ class DomainConfig(ConfigBlock):
                 "give one weight per reward function"
             )
         generic = self.format in (None, "generic") and not self.source.startswith("builtin:")
-        for key in ("prompt_template", "answer_options"):
+        for key in ("prompt_template", "answer_options", "answer_kind"):
             if getattr(self, key) is not None and not generic:
                 raise ValueError(f"{key} needs the generic format (a dataset source with format unset or generic)")
+        if self.answer_kind in ("key", "text") and self.answer_options is None:
+            raise ValueError(f"answer_kind {self.answer_kind} needs answer_options: the column(s) of the options")
+        if self.answer_kind == "key" and isinstance(self.answer_options, list):
+            raise ValueError("answer_kind key needs one dict options column as answer_options, not a list of columns")
+        if isinstance(self.answer_options, list) and (len(set(self.answer_options)) < 2 or "" in self.answer_options):
+            raise ValueError(f"answer_options: name two or more different columns, got {self.answer_options}")
         if self.prompt_template is not None and "prompt" in self.fields:
             raise ValueError("prompt_template replaces fields.prompt: give one of them")
         return self

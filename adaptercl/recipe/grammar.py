@@ -151,6 +151,13 @@ class StageConfig(_Block):
             raise ValueError(f"stage name {v!r} must match {NAME_PATTERN}")
         return v
 
+    @field_validator("adapter", mode="before")
+    @classmethod
+    def _adapter_is_a_block(cls, v: Any) -> Any:
+        if isinstance(v, str):  # `adapter: merge` reads as the init it names; say the block's form
+            raise ValueError(f"must be a mapping such as {{init: {v}}} (adapter: {{init: new | continue | merge}})")
+        return v
+
     @model_validator(mode="after")
     def _fill_method_defaults(self) -> StageConfig:
         spec = METHODS[self.method]
@@ -165,6 +172,9 @@ class StageConfig(_Block):
             teacher.gate_window = teacher.refresh_every
         if spec.needs_teacher:
             _check_refresh_schedule(teacher, self.optim.steps)
+        if self.monitor.checkpoint_every > self.optim.steps:  # a stage this short would checkpoint only at its end
+            self.monitor._capped_from = self.monitor.checkpoint_every
+            self.monitor.checkpoint_every = self.optim.steps
         if self.distill.alpha is None:
             self.distill.alpha = spec.alpha
         if self.distill.skip_first_tokens is None:
@@ -274,6 +284,17 @@ class RecipeConfig(_Block):
 
     def domain(self, name: str) -> DomainConfig:
         return next(d for d in self.domains if d.name == name)
+
+    def validation_notes(self) -> list[str]:
+        """What validation changed in the recipe as written, one line each (`recipe validate` prints them): a
+        monitor.checkpoint_every capped to its stage's steps."""
+        return [
+            f"stages.{s.name}.monitor.checkpoint_every: {s.monitor._capped_from} is more than the stage's "
+            f"{s.optim.steps} steps; capped to {s.optim.steps} (a checkpoint at the stage's end only: a kill before "
+            "it starts the stage over)"
+            for s in self.stages
+            if s.monitor._capped_from is not None
+        ]
 
     @property
     def eval_max_new_tokens(self) -> int:

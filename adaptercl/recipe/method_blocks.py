@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 Action = Literal["off", "warn", "stop", "rollback"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_mean_all", "seq_mean_token_sum_norm"]
@@ -319,7 +319,13 @@ class RegularizerConfig(ConfigBlock):
 class MonitorConfig(ConfigBlock):
     """Collapse guard and checkpoints (see adaptercl/train/collapse_guard.py for the rules)."""
 
-    checkpoint_every: int = Field(10, ge=1, description="Steps between checkpoints (rollback targets and resume).")
+    checkpoint_every: int = Field(
+        10,
+        ge=1,
+        description="Steps between checkpoints (rollback targets and resume); a kill loses at most this many steps. "
+        "More than the stage's optim.steps is capped to them (a checkpoint only at the stage's end; `recipe "
+        "validate` says so): a resume then starts the short stage over, and says it does.",
+    )
     drift_every: int = Field(
         0, ge=0, description="Log aggregate parameter drift (vs the base) every N steps in metrics.jsonl; 0 = off."
     )
@@ -349,3 +355,6 @@ class MonitorConfig(ConfigBlock):
     entropy_min: float = Field(0.02, ge=0.0, description="Entropy (nats/token) that counts as collapsed.")
     max_rollbacks: int = Field(2, ge=0, description="Rollbacks allowed per stage; then a rollback alarm stops it.")
     lr_scale_on_rollback: float = Field(0.5, gt=0.0, le=1.0, description="LR multiplier applied at each rollback.")
+    # checkpoint_every as the recipe gave it, when StageConfig capped it to the stage's steps (None: not capped);
+    # not a field: the resolved recipe holds the capped value, `RecipeConfig.validation_notes` says what it was.
+    _capped_from: int | None = PrivateAttr(None)

@@ -13,6 +13,7 @@ _EXPORTS = {
     "evaluate_adapters": "eval_only",
     "evaluate_run": "eval_only",
     "format_summary": "eval_only",
+    "data_lines": "preflight_checks",
     "decision_lines": "preflight_checks",
     "preflight": "preflight_checks",
     "rehearse": "rehearsal",

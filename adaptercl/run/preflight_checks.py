@@ -19,19 +19,23 @@ checks what a recipe says; this checks it against this machine, each problem one
   recipe and this machine, not a server that may be started later: it checks only the URL's form (the grammar);
 - `eval.lm_eval.tasks`: lm-eval is installed and knows every task (its include_path exists); this imports lm-eval
   and reads its task index, a few seconds, only when tasks are set.
-- every tracker of `report_to` has its package installed (`measure.trackers.require_trackers`).
+- every tracker of `report_to` has its package installed (`measure.trackers.require_trackers`);
+- the data: the first rows of each domain it can reach without a download, rendered as the run will
+  (`data_lines`, `domains.check_domain_data`; the run reads every row when it loads the domains), so a run whose
+  rows do not fit its recipe is refused before its directory is claimed, and `recipe validate` prints what was read.
 
-`adaptercl recipe validate` and `sequence.run_recipe` call it. No torch import: validate stays well under a second
-(importing a user's reward module aside, and resolving `rollout.engine: auto` where a CUDA driver is found, which
-imports vLLM). `decision_lines` is what validate prints after "ok": per domain, how a sample is judged correct (the
-accuracy matrix) and a success (SDPO/hybrid, `domains.is_success`).
+`adaptercl recipe validate`, `sequence.run_recipe` and `adaptercl eval` call `preflight`. No torch import: validate
+stays well under a second (importing a user's reward module aside, resolving `rollout.engine: auto` where a CUDA
+driver is found, which imports vLLM, and pandas for a .csv source's first rows). `decision_lines` is what validate
+prints after "ok": per domain, how a sample is judged correct (the accuracy matrix) and a success (SDPO/hybrid,
+`domains.is_success`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from adaptercl.domains import BUILTINS, FORMATS, check_domain, load_trl_rewards
+from adaptercl.domains import BUILTINS, FORMATS, check_domain, check_domain_data, load_trl_rewards
 from adaptercl.measure import require_trackers
 from adaptercl.model import check_lora_layers, read_model_config
 from adaptercl.recipe import ENGINES, METHODS, DomainConfig, RecipeConfig, RecipeError, RolloutServerConfig
@@ -40,14 +44,16 @@ from adaptercl.run_dir import before_source
 from adaptercl.system import distributed
 
 
-def preflight(recipe: RecipeConfig, contact_server: bool = True) -> None:
-    """Raise the first problem found as a one-line RecipeError; return None when the recipe can start.
-    `contact_server`: also make the first contact with a `vllm_server` engine's server (see the module docstring)."""
+def preflight(recipe: RecipeConfig, contact_server: bool = True) -> list[str]:
+    """Raise the first problem found as a one-line RecipeError; when the recipe can start, return what it read of
+    the data (`data_lines`, which `recipe validate` prints). `contact_server`: also make the first contact with a
+    `vllm_server` engine's server (see the module docstring)."""
     check_output_dir(recipe.output_dir)
     check_model_path(recipe.model.name)
     check_lora_layers(recipe)
     for domain in recipe.domains:
         check_domain(domain)
+    data = data_lines(recipe)  # the first rows: a run refuses before its directory is claimed or a model loads
     engine = ENGINES.get(recipe.stages[0].rollout.engine)  # one engine serves every stage (config checks); auto: None
     if recipe.stages[0].rollout.max_lora_rank is not None:  # set: it must hold the recipe's adapters, any engine
         served_lora_rank(recipe)
@@ -62,6 +68,7 @@ def preflight(recipe: RecipeConfig, contact_server: bool = True) -> None:
     # last: it may wait out the retries of an unreachable server
     if engine is not None and engine.needs_server and contact_server:
         check_rollout_server(recipe.stages[0].rollout.server)
+    return data
 
 
 def check_output_dir(output_dir: str) -> None:
@@ -103,6 +110,13 @@ def check_rollout_server(settings: RolloutServerConfig) -> None:
         raise RecipeError(str(err)) from None
     finally:
         client.close()
+
+
+def data_lines(recipe: RecipeConfig) -> list[str]:
+    """`recipe validate`'s reading of the data, after `preflight`: per dataset domain, the first rows of each source
+    this machine holds read and rendered as the run will (`domains.check_domain_data`), or what was not checked; a
+    problem is a RecipeError line. Reads local files and the local hub cache only."""
+    return [line for cfg in recipe.domains if (line := check_domain_data(cfg)) is not None]
 
 
 def decision_lines(recipe: RecipeConfig) -> list[str]:

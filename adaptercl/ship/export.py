@@ -19,7 +19,9 @@ it is copied: every adapter_config.json names the base by its hub id where it ha
 built-in alias's source, a hub id as given, with its revision), so `peft.AutoPeftModelForCausalLM.from_pretrained(
 folder)` finds the base on the hub or in the local hub cache, and the card's metadata `base_model` is that id. A base
 with no hub id (tiny-random, a local folder, a GGUF file) is named as the recipe gave it and left out of the
-metadata; the card says how to load it (attach the adapter to your copy of the base, or edit
+metadata. Every card's Use section shows the load by hub id (where there is one) and the load against a local
+base folder, offline (`model.base_folder(model.name)`: the folder adaptercl loads the base from on the reading
+machine, a built-in alias's conversion under its cache included; without a hub id also: edit
 `base_model_name_or_path`). The manifest's paths are relative to its folder (`run_dir`, each adapter's `path`).
 
 Everything reads from the run directory alone (recipe.resolved.yaml, done.json, summary.json); OUT is written
@@ -241,10 +243,31 @@ def _accuracy_table(before: dict, after: dict, trained: str | None) -> list[str]
 
 
 def _usage(name: str, recipe: RecipeConfig, hub: HubSource | None) -> list[str]:
+    """The card's Use section: the load by hub id (where the base has one), then the load against the base's local
+    folder, offline (`model.base_folder`: for a built-in alias the folder adaptercl converted or built it into)."""
     serve = f"Or serve every exported adapter with vLLM: `adaptercl serve EXPORT_DIR` (model name `{name}`)."
+    base = recipe.model.name
+    offline = [
+        "```python",
+        "from peft import PeftModel",
+        "from transformers import AutoModelForCausalLM",
+        "",
+        "from adaptercl.model import base_folder",
+        "",
+        f'base_model = AutoModelForCausalLM.from_pretrained(base_folder("{base}"))  # or your copy\'s folder',
+        f'model = PeftModel.from_pretrained(base_model, "{name}")',
+        "```",
+        "",
+        f'`base_folder("{base}")` is the folder adaptercl loads that base from on this machine, offline '
+        f"({_where_the_folder_is(base)}); in a shell: "
+        f"`python -c \"from adaptercl.model import base_folder; print(base_folder('{base}'))\"`.",
+    ]
     if hub is not None:
         return [
             "## Use",
+            "",
+            f"By hub id: the base `{hub.repo_id}` from the hub, or from the local hub cache (offline too, once it "
+            "holds the base):",
             "",
             "```python",
             "from peft import AutoPeftModelForCausalLM",
@@ -252,23 +275,35 @@ def _usage(name: str, recipe: RecipeConfig, hub: HubSource | None) -> list[str]:
             f'model = AutoPeftModelForCausalLM.from_pretrained("{name}")  # base: {hub.repo_id}, hub or HF cache',
             "```",
             "",
+            "Against a local base folder, offline (`HF_HUB_OFFLINE=1`), e.g. the one this run trained on:",
+            "",
+            *offline,
+            "",
             serve,
         ]
     return [
         "## Use",
         "",
-        f"The base `{recipe.model.name}` has no hub id (a model adaptercl builds in code, a local folder or a GGUF "
-        "file), so `adapter_config.json` names it as the recipe did and `AutoPeftModelForCausalLM` cannot fetch it. "
-        "Load your copy of the base and attach the adapter:",
+        f"The base `{base}` has no hub id (a model adaptercl builds in code, a local folder or a GGUF file), so "
+        "`adapter_config.json` names it as the recipe did and `AutoPeftModelForCausalLM` cannot fetch it. Load the "
+        "base from its local folder and attach the adapter (offline too):",
         "",
-        "```python",
-        "from peft import PeftModel",
-        "from transformers import AutoModelForCausalLM",
-        "",
-        'base_model = AutoModelForCausalLM.from_pretrained("PATH/TO/BASE")  # a GGUF file: gguf_file="NAME.gguf"',
-        f'model = PeftModel.from_pretrained(base_model, "{name}")',
-        "```",
+        *offline,
         "",
         "or set `base_model_name_or_path` in `adapter_config.json` to the base's folder or hub id, then "
         f'`AutoPeftModelForCausalLM.from_pretrained("{name}")` loads both. {serve}',
     ]
+
+
+def _where_the_folder_is(base: str) -> str:
+    """Where `model.base_folder` finds `base`, in words, without a path of the exporting machine."""
+    from adaptercl.model import ALIAS_SOURCES
+
+    if base in ALIAS_SOURCES:
+        hub_id, converted = ALIAS_SOURCES[base]
+        made = f"converted once from the GGUF of its wheel into `{converted}/`" if converted else "built in code"
+        cached = f", or the local hub cache's snapshot of `{hub_id}`" if hub_id else ""
+        return f"a built-in alias: {made} under `~/.cache/adaptercl` (or `$ADAPTERCL_CACHE`){cached}"
+    if base.endswith(".gguf"):
+        return "a GGUF file: its conversion under `~/.cache/adaptercl` (or `$ADAPTERCL_CACHE`), made once"
+    return "a local folder as it is, or a hub id's snapshot in the local hub cache"

@@ -12,6 +12,10 @@ while the stage saves, evaluates or measures its diagnostics resumes from it str
 Data order and sampling seeds are functions of (seed, stage, step), so restoring these is enough for a resumed
 stage to draw the same prompts and samples and end with the same adapters as an uninterrupted one.
 
+A resumed stage says where it resumes, in one line (`resume_line`): `resuming at step N (checkpoint of step N-1)`,
+or `starting over: no checkpoint yet (checkpoint_every 10, 3 steps were done)` when the kill came before the first
+checkpoint after the stage's start (a stage of fewer steps than checkpoint_every checkpoints only at its end).
+
 A checkpoint is read whole (`read_checkpoint`) before anything of it is restored (`restore_checkpoint`): a file
 that does not read (cut short, emptied, overwritten) or does not fit the stage's adapters and optimiser is a
 `DamagedCheckpoint` naming it, raised while the model, the optimiser and the RNG are still untouched, so the stage
@@ -142,6 +146,21 @@ def discard_checkpoint(path: str | Path) -> None:
     aside = path.with_name(f".{path.name}.tmp-damaged-{os.getpid()}")
     os.replace(path, aside)
     shutil.rmtree(aside, ignore_errors=True)
+
+
+def resume_line(state: dict[str, Any], steps_done: int, checkpoint_every: int) -> str:
+    """What a resumed stage says it does, from its checkpoint's state.json and the steps its log had recorded
+    (`steps_done`, before the log is cut back to the checkpoint): where it resumes, or that it starts over."""
+    next_step = state["next_step"]
+    if state.get("trained"):
+        return f"resuming after its last step (checkpoint of step {next_step}): no step runs again"
+    if next_step == 0:
+        were = "step was" if steps_done == 1 else "steps were"
+        return f"starting over: no checkpoint yet (checkpoint_every {checkpoint_every}, {steps_done} {were} done)"
+    lost = steps_done - next_step  # steps the log recorded after the checkpoint: they run again
+    again = "; the step done after it runs again" if lost == 1 else f"; the {lost} steps done after it run again"
+    again = again if lost > 0 else ""
+    return f"resuming at step {next_step + 1} (checkpoint of step {next_step}{again})"
 
 
 def has_checkpoint(path: str | Path) -> bool:

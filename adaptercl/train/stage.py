@@ -50,6 +50,7 @@ from adaptercl.train.checkpoint import (
     has_checkpoint,
     read_checkpoint,
     restore_checkpoint,
+    resume_line,
     save_checkpoint,
 )
 from adaptercl.train.collapse_guard import CollapseGuard
@@ -98,6 +99,9 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
     gate = create_gate(stage)  # distill.gate: None unless a distilling stage gates on its teacher's lift
     step, trained = 0, False
     resume = _resume_point(ctx, files, optimizer) if distributed.is_main() else None
+    if resume is not None:  # say where it resumes (rank 0), before `_restore` cuts the log back to the checkpoint
+        done = sum(1 for r in read_jsonl(metrics_path) if "event" not in r)
+        (ctx.on_note or log.info)(resume_line(resume.state, done, stage.monitor.checkpoint_every))
     if distributed.broadcast_object(resume is not None):  # rank 0 decides
         step, history, trained = _restore(ctx, checkpoint_dir, optimizer, guard, resume, gate)  # where it left off
         last = history[-1] if history else {}

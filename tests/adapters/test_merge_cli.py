@@ -99,3 +99,29 @@ def test_bad_input_is_one_line_and_exit_2(adapters, tmp_path, capsys, args, mess
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+
+
+def test_merging_a_merge_initialised_stage_with_one_it_merged_warns_of_the_double_count(tmp_path, capsys):
+    """A run's third stage starts from a merge of stages one and two (adapter.init: merge), so its adapter already
+    holds their ΔW: `adaptercl merge` of it with stage one's adapter (or combined adapter) counts stage one twice,
+    and says so in one warning line per pair; merged alone, or with an adapter from elsewhere, it says nothing."""
+    from adaptercl.recipe.grammar import resolve_recipe
+    from adaptercl.run.sequence import run_recipe
+    from tests.adapters.test_continual import STAGES, three_stage_recipe
+
+    run = tmp_path / "run"
+    run_recipe(resolve_recipe(three_stage_recipe(run, ["new", "new", "merge"])))
+    capsys.readouterr()  # the run's own output
+    merged, one = run / STAGES[2] / "adapter", run / STAGES[0]
+    for parent in (one / "adapter", one / "combined_adapter"):
+        assert main(["merge", str(merged), str(parent), "--out", str(tmp_path / parent.name)]) == 0
+        err = capsys.readouterr().err
+        assert err == (
+            f"warning: {STAGES[2]}'s adapter started from a merge of {STAGES[0]}, {STAGES[1]} (adapter.init: merge), "
+            f"so it already holds {STAGES[0]}'s ΔW: merging it with {parent} counts that ΔW twice; leave {parent} out "
+            "to count it once\n"
+        )
+        report = json.loads((tmp_path / parent.name / "merge_report.json").read_text())
+        assert report["warnings"] == [err.removeprefix("warning: ").rstrip("\n")]
+    assert main(["merge", str(merged), str(tmp_path / "adapter"), "--out", str(tmp_path / "elsewhere")]) == 0
+    assert capsys.readouterr().err == ""

@@ -9,7 +9,8 @@ import pytest
 
 from adaptercl.domains import load_domain
 from adaptercl.domains.domain import MalformedRow
-from adaptercl.domains.prompt_template import option_letter, render_prompt
+from adaptercl.domains.gold_answers import gold_letter, row_options
+from adaptercl.domains.prompt_template import render_prompt
 from adaptercl.recipe.grammar import DomainConfig, RecipeError
 
 TEMPLATE = "{question}\n\n{options}\n\nAnswer with the letter."
@@ -31,8 +32,9 @@ def test_the_hugging_face_choices_form_is_read_as_label_to_text():
     assert render_prompt("{choices}", {"choices": arc}) == "A. dry palms\nB. wet palms"
     numbered = {"text": ["x", "y", "z"], "label": ["1", "2", "3"]}  # some ARC rows number their options
     assert render_prompt("{choices}", {"choices": numbered}) == "A. x\nB. y\nC. z"
-    assert option_letter("2", numbered, "answerKey", "choices") == "B"  # a label, not an index
-    assert option_letter("B", arc, "answerKey", "choices") == "B"
+    numbered_options = row_options({"choices": numbered}, "choices")
+    assert gold_letter("2", "key", numbered_options, "answerKey") == "B"  # a label, not an index
+    assert gold_letter("B", "key", row_options({"choices": arc}, "choices"), "answerKey") == "B"
 
 
 def test_a_missing_column_names_it():
@@ -41,27 +43,29 @@ def test_a_missing_column_names_it():
 
 
 @pytest.mark.parametrize(
-    ("answer", "options", "letter"),
+    ("answer", "kind", "options", "letter"),
     [
-        ("b", {"A": "x", "B": "y"}, "B"),  # a letter
-        (1, ["x", "y", "z"], "B"),  # a 0-based index
-        ("2", {"1": "x", "2": "y"}, "B"),  # a dict key (not an index)
-        ("y", ["x", "y"], "B"),  # the option's text
+        ("b", "letter", {"A": "x", "B": "y"}, "B"),
+        (1, "index0", ["x", "y", "z"], "B"),
+        ("2", "index1", ["x", "y", "z"], "B"),
+        ("2", "key", {"1": "x", "2": "y"}, "B"),  # a dict key (not an index)
+        ("y", "text", ["x", "y"], "B"),
     ],
 )
-def test_the_answer_becomes_its_options_letter(answer, options, letter):
-    assert option_letter(answer, options, "answer", "options") == letter
+def test_the_answer_becomes_its_options_letter(answer, kind, options, letter):
+    assert gold_letter(answer, kind, row_options({"options": options}, "options"), "answer") == letter
 
 
 def test_an_answer_that_is_no_option_names_the_column():
-    with pytest.raises(MalformedRow, match="field 'answer' index 5 is out of range for 2 options"):
-        option_letter(5, ["x", "y"], "answer", "options")
+    options = row_options({"options": ["x", "y"]}, "options")
+    with pytest.raises(MalformedRow, match=r"field 'answer' 5 is not a 0-based option index of the 2 options \(A-B\)"):
+        gold_letter(5, "index0", options, "answer")
 
 
 def test_a_multiple_choice_file_loads_as_it_is_and_is_scored(tmp_path):
-    rows = [
+    rows = [  # the answer column is one kind (here: the options dict's keys) in every row, as a dataset writes it
         {"question": "Which is a colour?", "options": {"A": "red", "B": "dog", "C": "run"}, "answer": "A"},
-        {"question": "Which is an animal?", "options": ["red", "dog", "run"], "answer": 1},
+        {"question": "Which is an animal?", "options": {"A": "red", "B": "dog", "C": "run"}, "answer": "B"},
         {"question": "Which is a verb?", "options": {"A": "red", "B": "dog", "C": "run"}, "answer": "C"},
     ]
     path = tmp_path / "mcq.jsonl"

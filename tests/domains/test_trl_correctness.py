@@ -180,6 +180,7 @@ def test_validate_prints_how_each_domain_decides_correct_and_success(tmp_path, c
         "= correct",
         "  arith: correct = the arithmetic reward's own verdict; SDPO/hybrid success = reward >= 0.5 "
         "(distill.success_threshold)",
+        f"  gsm8k: the first 4 rows of {data} read and rendered as the run reads them",  # what it read (issue 47)
     ]
     raw["stages"] = [{"name": "one", "domain": "gsm8k"}]  # no stage distils: success is not printed
     recipe.write_text(json.dumps(raw))

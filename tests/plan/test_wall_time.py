@@ -188,3 +188,25 @@ def test_a_run_of_known_prompts_on_a_measured_card():
     dequant = SHAPE_7B.linear_params() * (4.127 / 8 + 4) / 4800e9
     assert wall.parts["rollout_step"].each_s == pytest.approx(384 * (1 / 12.2 + dequant), rel=1e-12)
     assert wall.card == tp.H200.name
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(2.44, "2.4 s"), (47.2, "47 s"), (125.0, "2.1 min"), (1800.0, "30 min"), (5400.0, "1.5 h"), (27720.0, "7.7 h")],
+)
+def test_durations_keep_their_unit_so_a_short_figure_is_not_rounded_to_zero(seconds, text):
+    from adaptercl.plan.rehearsal import duration
+
+    assert duration(seconds) == text
+
+
+def test_a_cpu_recipe_plan_prints_its_card_figure_in_seconds_or_minutes_not_zero_hours():
+    """The quickstart (a CPU recipe, no rehearsal): its figure on the card is about two minutes, which '.1f h'
+    printed as '~0.0 h'; the line also says how to get this machine's figure."""
+    from adaptercl.plan.rehearsal import duration
+
+    plan = mp.plan_recipe(load_recipe(REPO / "recipes" / "quickstart.yaml"), gpu_memory_gib=24)
+    line = next(line for line in plan.render().splitlines() if line.startswith("wall time on an"))
+    assert plan.wall_time.total_s < 180  # minutes, not hours: the case the issue met
+    assert f"~{duration(plan.wall_time.total_s)} = training {duration(plan.wall_time.phase_s('training'))} + " in line
+    assert "0.0 h" not in line and "`adaptercl recipe rehearse` measures it there" in line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -199,6 +200,60 @@ def test_a_copied_export_loads_with_auto_peft_finding_the_base_by_hub_id(hub_exp
     manifest = json.loads((copy / "manifest.json").read_text())
     assert [manifest[key] for key in ("base_model", "base_model_id", "base_model_revision")] == [ALIAS, HUB_ID, None]
     assert not [p for p in (root / "run", root / "shipped") if str(p) in json.dumps(manifest)]
+
+
+def card_snippets(card: str) -> list[str]:
+    """The Python code blocks of a model card's Use section, as written."""
+    return re.findall(r"```python\n(.*?)```", card, re.S)
+
+
+def run_as_the_card_says(snippet: str, folder: Path, monkeypatch) -> dict:
+    """Execute a card's snippet from the export folder (its adapter paths are relative to it) with HF_HUB_OFFLINE=1,
+    huggingface_hub's own flag included (it reads the variable when imported); return the snippet's names."""
+    import huggingface_hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(folder)
+    names: dict = {}
+    exec(compile(snippet, "README.md", "exec"), names)  # noqa: S102 - the card's own code, as a user runs it
+    return names
+
+
+def assert_loaded_the_stage_adapter(model, adapter_dir: Path) -> None:
+    expected = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    lora = {n.replace(".default.", "."): p for n, p in model.named_parameters() if "lora_" in n}
+    assert lora.keys() == expected.keys()
+    assert all(torch.equal(lora[key].detach(), tensor) for key, tensor in expected.items())
+    base = load_file(str(materialize_tiny_random(cache_root()) / "model.safetensors"))
+    assert torch.equal(model.get_base_model().model.embed_tokens.weight.detach(), base["model.embed_tokens.weight"])
+
+
+def test_a_card_without_a_hub_id_loads_offline_exactly_as_it_says(exported, monkeypatch):
+    run, out, _ = exported
+    card = (out / "arith" / "README.md").read_text()
+    (snippet,) = card_snippets(card)
+    assert 'base_folder("tiny-random")' in snippet and 'PeftModel.from_pretrained(base_model, "arith")' in snippet
+    names = run_as_the_card_says(snippet, out, monkeypatch)
+    assert_loaded_the_stage_adapter(names["model"], run / "stage-01-one" / "adapter")
+
+
+def test_a_card_of_an_alias_shows_both_loads_and_the_local_one_runs_offline(hub_export, tmp_path, monkeypatch):
+    """The alias's card: by hub id (run in the test above), and against the local base folder adaptercl loads the
+    alias from (here its snapshot in a local hub cache; an empty adaptercl cache holds no GGUF conversion)."""
+    import huggingface_hub
+
+    run, out = hub_export
+    card = (out / "arith" / "README.md").read_text()
+    by_hub_id, local = card_snippets(card)
+    assert 'AutoPeftModelForCausalLM.from_pretrained("arith")' in by_hub_id
+    assert 'base_folder("smollm2-135m-instruct")' in local
+    assert "converted once from the GGUF of its wheel into `smollm2-135m-instruct/` under `~/.cache/adaptercl`" in card
+    assert "python -c \"from adaptercl.model import base_folder; print(base_folder('smollm2-135m-instruct'))\"" in card
+    monkeypatch.setenv("ADAPTERCL_CACHE", str(tmp_path / "empty-adaptercl-cache"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_cache(tmp_path / "hub")))
+    names = run_as_the_card_says(local, out, monkeypatch)
+    assert_loaded_the_stage_adapter(names["model"], run / "stage-01-one" / "adapter")
 
 
 def test_serve_names_a_local_base_that_is_not_on_this_machine(tmp_path):
