@@ -275,7 +275,7 @@ def test_the_engine_sleeps_before_every_diagnostic_forward(tmp_path, monkeypatch
     from adaptercl.measure import drift
     from adaptercl.rollout import engines as engines_module
     from adaptercl.run import diagnostics
-    from adaptercl.run import sequence as run_module
+    from adaptercl.run import live_run as run_module
 
     log: list[str] = []
 

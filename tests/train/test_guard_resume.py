@@ -225,7 +225,7 @@ def test_killed_run_resumes_to_bit_identical_adapters(tmp_path, kind):
 def test_a_run_killed_after_training_resumes_without_a_step(tmp_path, reference, monkeypatch):
     # killed while the trained stage measures its diagnostics (here: response drift raises): the resume goes
     # straight to saving and evaluating, from the checkpoint that marks the stage trained
-    from adaptercl.run import sequence as run_module
+    from adaptercl.run import live_run as run_module
 
     def killed(*args, **kwargs):
         raise RuntimeError("killed during response drift")
