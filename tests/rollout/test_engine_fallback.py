@@ -99,6 +99,10 @@ def stand_in(monkeypatch):
     }.items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(engine_choice, "_vllm_blocker", lambda needs: (None, "CUDA device, a stand-in vLLM imports"))
+    from adaptercl.rollout.vllm import VLLM_ENV_DEFAULTS
+
+    for key, value in VLLM_ENV_DEFAULTS.items():  # what the engine sets in the process when it builds vLLM: taken
+        monkeypatch.setenv(key, value)  # back after the test
 
     def fail_at(point: str | None):
         vllm.LLM.fail_at = point
