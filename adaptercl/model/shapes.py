@@ -107,7 +107,8 @@ def base_bytes(shape: Shape, quantization: str, nf4_bits: float = NF4_BITS) -> f
 
 def lora_params(shape: Shape, stage: StageConfig, rank: int | None = None) -> int:
     """LoRA parameters of one adapter: r x (in + out) per adapted projection per adapted layer."""
-    targets = ALL_LINEAR if stage.lora.target_modules == "all-linear" else stage.lora.target_modules
+    # auto and all-linear on the Llama/Qwen2 layout the shape describes: its seven projections
+    targets = ALL_LINEAR if isinstance(stage.lora.target_modules, str) else stage.lora.target_modules
     layers = len(stage.lora.layers) if stage.lora.layers is not None else shape.layers
     per_layer = sum(a + b for name, (a, b) in shape.linear_shapes().items() if name in targets)
     return (rank or stage.lora.r) * per_layer * layers

@@ -74,7 +74,9 @@ def drift_method(recipe: RecipeConfig, shape: Shape) -> str:
 
 def drift_targets(shape: Shape, stage: StageConfig) -> list[tuple[int, int]]:
     """(in, out) of every adapted weight of the model."""
-    targets = ALL_LINEAR if stage.lora.target_modules == "all-linear" else stage.lora.target_modules
+    targets = (
+        ALL_LINEAR if isinstance(stage.lora.target_modules, str) else stage.lora.target_modules
+    )  # auto, all-linear
     layers = len(stage.lora.layers) if stage.lora.layers is not None else shape.layers
     return [dims for name, dims in shape.linear_shapes().items() if name in targets] * layers
 

@@ -40,7 +40,7 @@ from adaptercl.measure import (
     tracking,
     write_report,
 )
-from adaptercl.model import check_lora_layers, load_base
+from adaptercl.model import check_lora_layers, check_lora_targets, load_base
 from adaptercl.recipe import METHODS, RecipeConfig
 from adaptercl.rollout import Engines, falls_back, resolve_engine
 from adaptercl.run.diagnostics import STAGE_KL_SEED, stage_kl, teacher_lift
@@ -79,6 +79,7 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     recipe, choice = resolve_engine(recipe)
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
     check_lora_layers(recipe, download=True)  # a hub model not in the local cache: its config.json alone, first
+    check_lora_targets(recipe, download=True)  # the architecture and every stage's LoRA targets, on a weightless model
     with distributed.process_group() as world:
         check_world(recipe, world)
         if not world.is_main:  # events, progress and trackers are rank 0's

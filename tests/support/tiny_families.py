@@ -101,5 +101,7 @@ def write_tiny_family(family: str, target: Path, seed: int = 0) -> Path:
     text = config.get_text_config()
     model.generation_config = GenerationConfig(eos_token_id=text.eos_token_id, pad_token_id=text.pad_token_id)
     model.save_pretrained(target)
+    if config is not text:  # the released checkpoints' top-level config (qwen3_5), not the text model's own
+        config.save_pretrained(target)
     tokenizer.save_pretrained(target)
     return target
