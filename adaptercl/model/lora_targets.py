@@ -12,7 +12,12 @@ rank-r update there is nearly full rank and changes the recurrence itself), Gemm
 an MoE's router and shared-expert gate. Routed MoE experts are not trained: transformers 5.x stores them fused as
 3-D parameters, which LoRA's module wrappers cannot reach; `auto` also leaves out experts kept as separate linear
 modules (under an `experts` module), and `all-linear` on such a model is refused: it would wrap every expert.
-Name any of these in `lora.target_modules` to train them.
+Name any of these in `lora.target_modules` to train them. One more exception, PEFT's: on the MoE families whose
+adapters it converts from transformers v4's expert names (Qwen3-MoE, Qwen3-Next, DeepSeek, OLMoE, GLM-4-MoE and the
+rest of transformers' qwen2_moe pattern; `peft.utils.transformers_weight_conversion`), any target named gate_proj,
+up_proj or down_proj is moved onto the fused routed experts' parameters, so a shared expert's or a dense layer's MLP
+cannot be named there: `auto` and `all-linear` leave those out, and a list naming them is refused
+(`_peft_redirects`).
 
 A list is matched as PEFT matches it (a module's full name or a dot-suffix of it); a list, or one of its names,
 that matches no module, or only modules LoRA cannot wrap, or none in the layers `lora.layers` keeps, is refused in one
@@ -57,6 +62,12 @@ def resolve_lora_targets(
     if isinstance(target_modules, list):
         for target in target_modules:
             _check_one(base, target, modules, where)
+        redirected = _peft_redirects(base, target_modules, where)
+        if redirected:
+            raise RecipeError(
+                f"{where.field}: PEFT moves {', '.join(sorted(redirected))} of a {base.config.model_type} model onto "
+                "its fused routed experts, which adaptercl does not train; leave them out (or use auto)"
+            )
         return list(target_modules)
     linear = {n for n, m in modules.items() if _is_linear(m) and n not in _output_embedding(base)}
     kept = {n for n in linear if layers is None or layer_of.get(n) in layers}
@@ -71,11 +82,13 @@ def resolve_lora_targets(
         chosen = kept
     else:
         chosen = {n for n in kept if n in layer_of and _suffix(n) in AUTO and EXPERTS not in n.split(".")}
-        if not chosen:
-            raise RecipeError(
-                f"{where.field}: auto knows no attention or MLP projection of {where.model}{where.in_layers()}; "
-                f"name its layers to train in {where.field}: {where.linear_names(modules)}"
-            )
+    redirected = _peft_redirects(base, sorted({_suffix(n) for n in chosen}), where)
+    chosen = {n for n in chosen if _suffix(n) not in redirected}
+    if not chosen:
+        raise RecipeError(
+            f"{where.field}: {target_modules} knows no attention or MLP projection of {where.model}"
+            f"{where.in_layers()}; name its layers to train in {where.field}: {where.linear_names(modules)}"
+        )
     return _as_peft_targets(chosen, modules, layers)
 
 
@@ -166,6 +179,21 @@ def _check_one(base: torch.nn.Module, target: str, modules: dict[str, torch.nn.M
         )
     if where.layers is not None and not any(where.layer_of.get(n) in where.layers for n in wrappable):
         raise RecipeError(f"{where.field}: {target!r} is in no layer of {where.model}{where.in_layers()}; {fix}")
+
+
+def _peft_redirects(base: torch.nn.Module, targets: list[str], where: _Where) -> set[str]:
+    """The names among `targets` PEFT would move onto fused expert parameters as it attaches an adapter (its
+    transformers v4 -> v5 MoE conversion, run here on a copy of the config); a RecipeError for a set it refuses."""
+    from peft.utils.transformers_weight_conversion import convert_peft_config_for_transformers
+
+    config = PeftLoraConfig(target_modules=list(targets))
+    try:
+        convert_peft_config_for_transformers(config, base, None)
+    except ValueError as err:  # a fused pair named by half (gate_proj without up_proj)
+        raise RecipeError(f"{where.field}: {err}".replace("\n", " ")) from None
+    if not config.target_parameters:
+        return set()
+    return set(targets) - set(config.target_modules or ())
 
 
 def _as_peft_targets(chosen: set[str], modules: dict[str, torch.nn.Module], layers: list[int] | None) -> list[str]:

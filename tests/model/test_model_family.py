@@ -1,6 +1,6 @@
 """The model families people fine-tune, offline: for each, a tiny random model built from the family's own config
 class (`tests/support/tiny_families.py`: llama, qwen2, qwen3, qwen3_5 (Gated DeltaNet + attention), qwen3_moe,
-gemma3 and gemma4 (sliding windows; Gemma 4's shared key/values), mistral, olmo3, smollm3, phi3), run as a user would
+qwen3_5_moe, gemma3 and gemma4 (sliding windows; Gemma 4's shared key/values), mistral, olmo3, smollm3, phi3), run as a user would
 run it. Test ids name the family by its transformers model_type: `python -m pytest -q -k model_family`.
 
 Per family, one test, since the run is what costs: a three-stage recipe (sdpo with a fresh adapter, hybrid with a
@@ -49,6 +49,7 @@ EXPECTED = {
     "qwen3_moe": (ATTENTION, set()),  # routed experts: fused 3-D weights, not LoRA-wrappable, not trained
 }
 LINEAR_ATTENTION = {"in_proj_qkv", "in_proj_z", "out_proj"}  # Qwen3.5's linear_attention layers
+# Qwen3.5-MoE: the shared expert's gate/up/down_proj are its MLP projections (the routed experts: not trained)
 
 
 def family_recipe(folder: Path, out: Path, stages: list[dict]) -> dict:

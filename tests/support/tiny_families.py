@@ -8,8 +8,9 @@ model: 4 decoder layers (a hybrid needs room for both of its layer types), hidde
 head), vocabulary 320 (the byte tokenizer's 259 tokens and some spare rows). Where a family's text model has its own
 `model_type` (`gemma3_text`, `gemma4_text`: Gemma 3 1B's config.json says `gemma3_text`), the text config is built,
 since adaptercl trains the causal LM; Qwen3.5's config is the released checkpoints' top-level `qwen3_5` one, which
-`AutoModelForCausalLM` loads as the text model. Each family keeps what makes it differ from Llama at a tiny size:
-Qwen3.5's Gated DeltaNet layers (3 linear attention + 1 full), the MoE blocks (4 experts, 2 per token), Gemma 3's
+`AutoModelForCausalLM` loads as the text model (Qwen3.5-MoE's likewise). Each family keeps what makes it differ from Llama at a tiny size:
+Qwen3.5's Gated DeltaNet layers (3 linear attention + 1 full), the MoE blocks (4 experts, 2 per token; Qwen3.5-MoE's
+shared expert beside them), Gemma 3's
 and OLMo 3's sliding window (16 positions, shorter than a chat prompt, so the window matters), Gemma 4's per-layer
 inputs and key/value sharing, SmolLM3's layers without RoPE, Phi-3's fused qkv_proj and gate_up_proj.
 """
@@ -47,6 +48,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
     "qwen3": ("qwen3", {}),
     "qwen3_5": ("qwen3_5", GATED_DELTANET),  # text_config built from the same fields
     "qwen3_moe": ("qwen3_moe", MOE),
+    "qwen3_5_moe": ("qwen3_5_moe", {**GATED_DELTANET, **MOE, "shared_expert_intermediate_size": 32}),
     "gemma3": (
         "gemma3_text",
         {"sliding_window": SLIDING, "layer_types": ["sliding_attention"] * 3 + ["full_attention"]},
@@ -80,7 +82,7 @@ def family_config(family: str, tokenizer: Any):
         "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
         "pad_token_id": tokenizer.pad_token_id,
     }
-    if model_type == "qwen3_5":  # the released checkpoints' layout: the decoder's fields in text_config
+    if model_type in ("qwen3_5", "qwen3_5_moe"):  # the released checkpoints' layout: the decoder in text_config
         return AutoConfig.for_model(model_type, text_config={**COMMON, **fields, **specials}, **specials)
     return AutoConfig.for_model(model_type, **COMMON, **fields, **specials)
 
