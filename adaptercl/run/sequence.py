@@ -74,7 +74,9 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     alone writes the run directory and reports events; the other ranks train, evaluate and measure alongside it.
 
     `rollout.engine: auto` is decided first (`rollout.engine_choice.resolve_engine`) and reported as the first event,
-    rollout_engine (engine, reason); the run directory keeps the recipe as written."""
+    rollout_engine (engine, reason); the run directory keeps the recipe as written. Before the run directory is
+    claimed, the base's architecture and every stage's LoRA targets and layers are checked on its weightless skeleton
+    (`model.check_lora_targets`): a bad one is one line, and nothing is written."""
     written = recipe
     recipe, choice = resolve_engine(recipe)
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
