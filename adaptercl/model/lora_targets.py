@@ -127,8 +127,10 @@ def decoder_layer_of(base: torch.nn.Module, names: Iterable[str]) -> dict[str, i
     return out
 
 
-def layer_types(base: torch.nn.Module) -> list[str] | None:
-    """The decoder's `layer_types` (a hybrid's linear and full attention, a sliding window's), None if unset."""
+def layer_types(model: torch.nn.Module) -> list[str] | None:
+    """The decoder's `layer_types` (a hybrid's linear and full attention, a sliding window's) of a causal LM
+    (PEFT-wrapped or not), None if unset."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
     types = getattr(config, "layer_types", None)
     return list(types) if types else None
@@ -173,9 +175,14 @@ def _check_one(base: torch.nn.Module, target: str, modules: dict[str, torch.nn.M
     wrappable = [n for n in named if n in modules]
     if not wrappable:
         kinds = sorted({type(base.get_submodule(n)).__name__ for n in named})
+        fused = (
+            " (routed MoE experts are fused 3-D weights in transformers 5.x)"
+            if any("Experts" in k for k in kinds)
+            else ""
+        )
         raise RecipeError(
-            f"{where.field}: {target!r} names {', '.join(kinds)} modules of {where.model}, which LoRA cannot wrap "
-            f"(routed MoE experts are fused 3-D weights in transformers 5.x); {fix}"
+            f"{where.field}: {target!r} names {', '.join(kinds)} modules of {where.model}, which LoRA cannot wrap"
+            f"{fused}; {fix}"
         )
     if where.layers is not None and not any(where.layer_of.get(n) in where.layers for n in wrappable):
         raise RecipeError(f"{where.field}: {target!r} is in no layer of {where.model}{where.in_layers()}; {fix}")

@@ -93,3 +93,17 @@ def test_a_cache_layer_without_a_rule_keeps_its_rows_masked(tiny, monkeypatch):
     masked, masked_sizes = run(engine, prompts, model)
     assert masked == dropping and len({len(r) for r in masked}) > 1
     assert min(dropping_sizes) < 6 and set(masked_sizes) == {6}  # every forward holds all 6 rows
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_reservation_takes_only_plain_full_attention_layers(tiny, family):
+    """`reserve` swaps exactly the plain DynamicLayers for ReservedLayers: Qwen3.5's linear-attention layers and
+    Gemma 3's sliding-window layers are left as they are."""
+    model, _ = tiny[family]
+    with torch.no_grad():
+        cache = model(input_ids=torch.tensor([PROMPTS[0]]), use_cache=True).past_key_values
+    before = [type(layer).__name__ for layer in cache.layers]
+    decode_module.reserve(cache, 4)
+    after = [type(layer).__name__ for layer in cache.layers]
+    assert after == [("ReservedLayer" if kind == "DynamicLayer" else kind) for kind in before]
+    assert after.count("ReservedLayer") == 1  # each tiny model's one full-attention layer (its last)
