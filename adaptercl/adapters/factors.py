@@ -201,9 +201,16 @@ def write_adapter_folder(
         tensors[f"{module}.lora_B.weight"] = (b if dtype is None else b.to(dtype)).contiguous()
     with atomic_dir(path) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE))
-        (tmp / CONFIG_FILE).write_text(json.dumps(factors.config, indent=2, default=str) + "\n")
+        (tmp / CONFIG_FILE).write_text(json.dumps(factors.config, indent=2, default=_json_value) + "\n")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+
+
+def _json_value(value: Any) -> Any:
+    """A config value JSON has no type for: a set as a sorted list, as PEFT's own save writes it (PEFT keeps
+    `target_modules` and `target_parameters` as sets: an MoE model's empty `target_parameters` written as the string
+    "set()" made `PeftModel.from_pretrained` refuse the folder), anything else as its string."""
+    return sorted(value) if isinstance(value, (set, frozenset)) else str(value)
 
 
 def write_combined_adapter(model: torch.nn.Module, adapters: list[str], path: str | Path) -> dict[str, Any]:

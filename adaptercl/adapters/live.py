@@ -18,37 +18,34 @@ import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model
 
-from adaptercl.model import lora_layer_indices
+from adaptercl.model import decoder_layer_count, layer_types, lora_layer_indices, resolve_lora_targets
 from adaptercl.recipe import LoraConfig
 from adaptercl.system import atomic_dir, peft_wraps_quietly
 
 
-def peft_lora_config(cfg: LoraConfig, num_layers: int | None = None) -> PeftLoraConfig:
-    """PEFT's LoraConfig of a `lora` block; `lora.layers` (negative from the top) as 0-based indices of a model of
-    `num_layers` decoder layers, a RecipeError for one it does not have (`model/lora_layers.py`)."""
+def peft_lora_config(cfg: LoraConfig, model: torch.nn.Module) -> PeftLoraConfig:
+    """PEFT's LoraConfig of a `lora` block for `model`: `lora.layers` (negative from the top) as 0-based indices of
+    its decoder layers (`model/lora_layers.py`) and `lora.target_modules` resolved on it (`model/lora_targets.py`:
+    auto = the family's attention and MLP projections); a RecipeError for either that does not fit the model."""
     layers = None
     if cfg.layers is not None:
-        if num_layers is None:
+        count = decoder_layer_count(model)
+        if count is None:
             raise ValueError("lora.layers needs the model's number of layers")
-        layers = lora_layer_indices(cfg.layers, num_layers)
+        layers = lora_layer_indices(cfg.layers, count, types=layer_types(model))
     return PeftLoraConfig(
         r=cfg.r,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
-        target_modules=cfg.target_modules,
+        target_modules=resolve_lora_targets(model, cfg.target_modules, layers),
         layers_to_transform=layers,
         task_type="CAUSAL_LM",
     )
 
 
-def _num_layers(model: torch.nn.Module) -> int | None:
-    config = getattr(model, "config", None)
-    return getattr(config, "num_hidden_layers", None)
-
-
 def attach_adapter(model: torch.nn.Module, name: str, cfg: LoraConfig) -> PeftModel:
     """Add a fresh LoRA adapter `name` (B = 0, so the model is unchanged); wraps the base on first use."""
-    peft_cfg = peft_lora_config(cfg, _num_layers(model))
+    peft_cfg = peft_lora_config(cfg, model)
     if isinstance(model, PeftModel):
         model.add_adapter(name, peft_cfg)
         return model

@@ -3,7 +3,8 @@ its shape and what its parts weigh, read from its config (`shapes.py`; `read_mod
 config.json), which decoder layers `lora.layers` names
 (`lora_layers.py`, without loading a weight), token batches and the logits or hidden states at their response
 positions (`batching.py`: `TokenBatch`, `ResponseScores`), prompt prefixes computed once for rows that begin alike
-(`prefix_sharing.py`), the activation checkpointing of training forwards (`checkpointing.py`), and random weights of
+(`prefix_sharing.py`) where the model's cache layers allow it, and which cache layers can repeat or drop batch rows
+(`cache_layers.py`), the activation checkpointing of training forwards (`checkpointing.py`), and random weights of
 a model's shape, to rehearse its loop without downloading it (`random_weights.py`).
 """
 
@@ -33,7 +34,22 @@ _EXPORTS = {
     "response_logits": "batching",
     "response_scores": "batching",
     "trim_padding": "batching",
+    "FULL_ATTENTION": "cache_layers",
+    "NO_SHARING": "cache_layers",
+    "PrefixLimit": "cache_layers",
+    "SELECTS": "cache_layers",
+    "can_select_rows": "cache_layers",
+    "select_keys": "cache_layers",
+    "select_rows": "cache_layers",
+    "shared_prefix_limit": "cache_layers",
     "check_lora_layers": "lora_layers",
+    "check_lora_targets": "lora_targets",
+    "decoder_layer_count": "lora_targets",
+    "layer_types": "lora_targets",
+    "resolve_lora_targets": "lora_targets",
+    "AUTO_TARGETS": "shapes",
+    "check_architecture": "architecture",
+    "base_skeleton": "architecture",
     "lora_layer_indices": "lora_layers",
     "CACHE": "prefix_sharing",
     "output_cache": "prefix_sharing",

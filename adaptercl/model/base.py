@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from adaptercl.model.architecture import check_architecture
 from adaptercl.model.lora_layers import BUILTIN_LAYERS
 from adaptercl.model.shapes import GIB, read_model_config
 from adaptercl.recipe import ModelConfig, RecipeError
@@ -179,6 +180,7 @@ def resolve_model_path(model_cfg: ModelConfig) -> tuple[str, str]:
     if local.is_dir():
         if not (local / "config.json").is_file():
             raise RecipeError(f"model.name: folder {name!r} has no config.json; point at a Hugging Face model folder")
+        check_architecture(read_model_config(local / "config.json"), f"model.name: {local / 'config.json'}")
         return str(local), f"local folder {local}"
     if is_hub_id(name):
         return name, f"hub id {name}"

@@ -9,7 +9,8 @@ student's, the teacher's and the previous stage's policy's alike.
 
 Prefix sharing runs the prefixes with a key/value cache; while the model trains under activation checkpointing
 (`checkpointing.py`) that cache is a `prefix_sharing.ReplayableCache`, whose recompute in backward gives the first
-pass's tensors.
+pass's tensors. It is taken only where the model's cache layers read the layout exactly (`cache_layers.
+shared_prefix_limit`: not on a hybrid linear-attention model, not across a sliding window's gap).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor
 
 from adaptercl.model.base import decoder_and_head
+from adaptercl.model.cache_layers import shared_prefix_limit
 from adaptercl.model.checkpointing import checkpointing_active
 from adaptercl.model.prefix_sharing import prefill, prefix_layout
 
@@ -101,8 +103,9 @@ def response_logits(
     the same template header. With `share_prompts` the rows are split into runs of consecutive rows with a common
     token prefix (`prefix_sharing`); each run's prefix is run once and its key/value cache repeated for the run's
     rows (gradients flow back through the repeat), then every row continues from it with the rest of its prompt
-    and its response. That path is taken when it computes fewer (padded) tokens than the plain forward; both give
-    the same logits up to float rounding.
+    and its response. That path is taken when it computes fewer (padded) tokens than the plain forward and the
+    model's cache reads it exactly (`cache_layers.shared_prefix_limit`); both give the same logits up to float
+    rounding.
     """
     logits = _prefix_shared_logits(model, batch) if share_prompts else None
     if logits is None:
@@ -187,7 +190,8 @@ def _prefix_shared_forward(model: torch.nn.Module, batch: TokenBatch, logits_to_
     """
     r_width = batch.response_ids.shape[1]
     p_width = batch.input_ids.shape[1] - r_width
-    layout = prefix_layout(prompt_lists(batch), r_width - 1, pad_id=0, device=batch.input_ids.device)
+    limit = shared_prefix_limit(model)
+    layout = prefix_layout(prompt_lists(batch), r_width - 1, pad_id=0, device=batch.input_ids.device, limit=limit)
     if layout is None:
         return None
     rest_ids = torch.cat([layout.own_ids, batch.input_ids[:, p_width:-1]], dim=1)  # [N, S+R-1]

@@ -2,7 +2,9 @@
 
 `lora.layers` lists 0-based decoder layers, negative ones counting from the top (-1 = the last), as Python indexes
 a list. A layer the model does not have is a one-line error naming the field and the valid range
-(`check_lora_layers`), never wrapped around: layer 100 of a 30-layer model is not layer 10.
+(`check_lora_layers`), never wrapped around: layer 100 of a 30-layer model is not layer 10. For a hybrid model the
+line also gives its layer types (`config_layer_types`: Qwen3.5's linear and full attention layers), since which
+projections a layer has depends on them (`lora_targets.py`).
 
 Where the number of layers comes from (`base_layer_count`), without torch and without a weight:
 - built-in aliases: `BUILTIN_LAYERS` (tiny-random is built from it, `base.materialize_tiny_random`);
@@ -35,23 +37,44 @@ def check_lora_layers(recipe: RecipeConfig, download: bool = False) -> None:
     count = base_layer_count(recipe.model, download)
     if count is None:
         return
+    types = base_layer_types(recipe.model)
     for stage in recipe.stages:
         if stage.lora.layers is not None:
-            lora_layer_indices(stage.lora.layers, count, f"stages.{stage.name}.lora.layers", recipe.model.name)
+            field = f"stages.{stage.name}.lora.layers"
+            lora_layer_indices(stage.lora.layers, count, field, recipe.model.name, types)
 
 
 def lora_layer_indices(
-    layers: list[int], count: int, field: str = "lora.layers", model: str = "the model"
+    layers: list[int],
+    count: int,
+    field: str = "lora.layers",
+    model: str = "the model",
+    types: list[str] | None = None,
 ) -> list[int]:
     """The sorted distinct 0-based indices of `layers` (negative from the top) in a model of `count` decoder layers;
-    RecipeError naming `field` and the valid range for an index out of it."""
+    RecipeError naming `field`, the valid range and a hybrid's layer `types` for an index out of it."""
     for index in layers:
         if not -count <= index < count:
+            kinds = describe_layer_types(types)
             raise RecipeError(
                 f"{field}: layer {index} does not exist; {model} has {count} layers: 0..{count - 1} "
-                f"(or -{count}..-1 counting from the top)"
+                f"(or -{count}..-1 counting from the top){f'; layer types: {kinds}' if kinds else ''}"
             )
     return sorted({index % count for index in layers})  # in range, % maps only the negative: -k -> count - k
+
+
+def describe_layer_types(types: list[str] | None) -> str:
+    """'0-2 linear_attention, 3 full_attention': runs of equal layer types, for an error line ('' when unset or all
+    one type)."""
+    if not types or len(set(types)) == 1:
+        return ""
+    runs, start = [], 0
+    for i in range(1, len(types) + 1):
+        if i == len(types) or types[i] != types[start]:
+            span = f"{start}" if i - 1 == start else f"{start}-{i - 1}"
+            runs.append(f"{span} {types[start]}")
+            start = i
+    return ", ".join(runs)
 
 
 def base_layer_count(model_cfg: ModelConfig, download: bool = False) -> int | None:
@@ -65,7 +88,7 @@ def base_layer_count(model_cfg: ModelConfig, download: bool = False) -> int | No
     if (local / "config.json").is_file():
         return config_layer_count(_read_config(local / "config.json"))
     if name.count("/") == 1 and not name.startswith((".", "/", "~")) and not local.exists():
-        config_file = _hub_config_file(name, model_cfg.revision, download)
+        config_file = hub_config_file(name, model_cfg.revision, download)
         return config_layer_count(_read_config(Path(config_file))) if config_file else None
     return None
 
@@ -73,6 +96,21 @@ def base_layer_count(model_cfg: ModelConfig, download: bool = False) -> int | No
 def _read_config(path: Path) -> dict[str, Any]:
     """A config.json as a dict; one that does not parse is a RecipeError naming it (`shapes.read_model_config`)."""
     return read_model_config(path)
+
+
+def base_layer_types(model_cfg: ModelConfig) -> list[str] | None:
+    """The base's decoder `layer_types` from a local folder's config.json (None elsewhere, or when unset)."""
+    config_file = Path(model_cfg.name).expanduser() / "config.json"
+    return config_layer_types(_read_config(config_file)) if config_file.is_file() else None
+
+
+def config_layer_types(config: dict[str, Any]) -> list[str] | None:
+    """The `layer_types` list of a config.json or of its `text_config` (a multimodal model's), or None."""
+    text_config = config.get("text_config")
+    for block in (config, text_config if isinstance(text_config, dict) else {}):
+        if isinstance(block.get("layer_types"), list) and block["layer_types"]:
+            return [str(t) for t in block["layer_types"]]
+    return None
 
 
 def config_layer_count(config: dict[str, Any]) -> int | None:
@@ -101,7 +139,7 @@ def gguf_layer_count(path: Path) -> int | None:
     return int(count.contents()) if count is not None else None
 
 
-def _hub_config_file(repo_id: str, revision: str | None, download: bool) -> str | None:
+def hub_config_file(repo_id: str, revision: str | None, download: bool) -> str | None:
     """The local path of a hub model's config.json: from the cache, or (download) fetched; None when neither."""
     import huggingface_hub
 

@@ -7,8 +7,13 @@ prefix; `prefix_layout` lays a batch out as [U prefixes] + [N rows' own tokens];
 repeats their cache for the rows of each run (differentiably) and continues every row from it.
 
 Both the training forward (`batching.response_logits`) and the rollout prefill (`rollout/hf.py`) use it. A row's
-own tokens are left-padded, so the cache is followed by masked padding and then the row's tokens; positions follow
-the attention mask, so each row sees exactly its own prompt and gets the same logits as alone, up to rounding.
+own tokens are left-padded, so the cache is followed by masked padding (a gap) and then the row's tokens; positions
+follow the attention mask, so each row sees exactly its own prompt and gets the same logits as alone, up to rounding,
+where every layer is full attention. The model's cache layers decide which layouts are exact (`cache_layers.
+shared_prefix_limit`, passed as `limit`): a sliding window counts cache slots, gap included, so with sliding layers
+only a layout without a gap or no wider than the window is taken; a model with linear-attention or other recurrent
+layers takes none (its rows are prefilled each alone, as the plain left-padded batch of `generate`). `prefill`
+refuses a cache with a layer that cannot repeat its state (`cache_layers.can_repeat`) rather than corrupt it.
 
 Under activation checkpointing (`checkpointing.py`) a training forward's layers are recomputed in backward, and a
 cache that appends would append twice. `prefill(..., replayable=True)` (what `batching` passes while the model
@@ -31,6 +36,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from adaptercl.model.cache_layers import FULL_ATTENTION, PrefixLimit, can_repeat
 
 CACHE = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
@@ -115,6 +122,7 @@ class PrefixLayout:
     prefix_mask: torch.Tensor  # [U, C]
     own_ids: torch.Tensor  # [N, S], S >= 1: every row keeps its last prompt token
     own_mask: torch.Tensor  # [N, S]
+    gap_free: bool = False  # every row's own tokens fill S: no masked gap after its prefix
 
     def prompt_ids(self) -> torch.Tensor:
         """[N, C+S] every row's whole prompt in this layout (padding between its prefix and its own tokens)."""
@@ -126,11 +134,20 @@ class PrefixLayout:
 
 
 def prefix_layout(
-    prompts: list[list[int]], then: int, pad_id: int, device: torch.device | None = None
+    prompts: list[list[int]],
+    then: int,
+    pad_id: int,
+    device: torch.device | None = None,
+    limit: PrefixLimit = FULL_ATTENTION,
+    after: int = 0,
 ) -> PrefixLayout | None:
     """The shared-prefix layout of `prompts` when it computes fewer padded tokens than the plain left-padded
-    layout, else None. `then`: columns every row runs after its prompt in the same call (R-1 response tokens for
-    a training forward, -1 for a prefill that leaves the last prompt token to `generate`)."""
+    layout and the model's cache reads it exactly (`limit`, the model's `cache_layers.shared_prefix_limit`; the
+    default: every layer full attention), else None. `then`: columns every row runs after its prompt in the same call
+    (R-1 response tokens for a training forward, -1 for a prefill that leaves the last prompt token to `generate`);
+    `after`: positions decoded after that call (a rollout's max_new_tokens), which a window must also cover."""
+    if not limit.share:
+        return None
     counts, prefixes = shared_prefix_runs(prompts)
     if min(prefixes) < 1:
         return None  # a row with nothing before its own tokens to attend to: keep the plain layout
@@ -139,6 +156,9 @@ def prefix_layout(
     s_width = max(len(p) - c for p, c in zip(prompts, row_prefix))
     n, p_width = len(prompts), max(map(len, prompts))
     if len(counts) * c_width + n * (s_width + then) >= n * (p_width + then):
+        return None
+    gap_free = all(len(p) - c == s_width for p, c in zip(prompts, row_prefix))
+    if not limit.allows(c_width + s_width + then + after, gap_free):
         return None
     prefix_ids = torch.full((len(counts), c_width), pad_id, dtype=torch.long)  # [U, C]
     prefix_mask = torch.zeros((len(counts), c_width), dtype=torch.long)
@@ -153,7 +173,7 @@ def prefix_layout(
         own_ids[i, s_width - (len(p) - c) :] = torch.tensor(p[c:])
         own_mask[i, s_width - (len(p) - c) :] = 1
     tensors = (torch.tensor(counts), prefix_ids, prefix_mask, own_ids, own_mask)
-    return PrefixLayout(*(t.to(device) for t in tensors))
+    return PrefixLayout(*(t.to(device) for t in tensors), gap_free=gap_free)
 
 
 def prefill(
@@ -185,6 +205,9 @@ def prefill(
         **head,
     )
     prefix_cache = output_cache(prefix_out)
+    if not can_repeat(prefix_cache):  # the caller's limit said it could: a model whose cache differs from its config's
+        kinds = sorted({type(layer).__name__ for layer in getattr(prefix_cache, "layers", [])})
+        raise RuntimeError(f"shared-prefix prefill: a {type(prefix_cache).__name__} of {kinds} cannot be repeated")
     prefix_cache.batch_repeat_interleave(layout.counts)  # [U, ...] -> [N, ...], differentiable
     if rest_ids.shape[1] == 0:
         return prefix_out

@@ -22,6 +22,14 @@ from adaptercl.system import read_record
 
 GIB = 2**30
 ALL_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# lora.target_modules auto (`model/lora_targets.py` resolves it on the loaded model; the plan counts it here):
+# role -> the projection names transformers' families give it
+AUTO_TARGETS: dict[str, tuple[str, ...]] = {
+    "attention": ("q_proj", "k_proj", "v_proj", "o_proj", "qkv_proj"),
+    "linear attention": ("in_proj_qkv", "in_proj_qkvz", "in_proj_z", "out_proj"),
+    "MLP": ("gate_proj", "up_proj", "down_proj", "gate_up_proj"),
+}
+AUTO = frozenset(name for names in AUTO_TARGETS.values() for name in names)
 NF4_BITS = 4 + 8 / 64 + 32 / (64 * 256)  # bitsandbytes NF4 with double quantisation: 4.127 bits per parameter
 
 
@@ -115,11 +123,14 @@ class Shape:
 
     def adapted_weights(self, targets: list[str] | str, layers: list[int] | None = None) -> list[tuple[int, int]]:
         """(in, out) of every weight LoRA adapts: `targets` the recipe's target_modules ("all-linear": every
-        projection of each layer, Gated DeltaNet ones included, as PEFT's all-linear), `layers` its lora.layers
-        (0-based, negative from the top; None: all)."""
+        projection of each layer, Gated DeltaNet ones included, as PEFT's all-linear; "auto": the attention and MLP
+        projections `model.lora_targets` resolves, in_proj_a/in_proj_b left out), `layers` its lora.layers (0-based,
+        negative from the top; None: all)."""
         indices = sorted({i % self.layers for i in layers}) if layers is not None else range(self.layers)
-        return [dims for i in indices for name, dims in self.layer_shapes(i).items()
-                if targets == "all-linear" or name in targets]  # fmt: skip
+        chosen = {"all-linear": lambda name: True, "auto": lambda name: name in AUTO}.get(
+            targets if isinstance(targets, str) else "", lambda name: name in targets
+        )
+        return [dims for i in indices for name, dims in self.layer_shapes(i).items() if chosen(name)]
 
 
 LINEAR_ATTENTION = "linear_attention"

@@ -96,9 +96,17 @@ class LoraConfig(_Block):
     r: int = Field(16, ge=1, description="LoRA rank.")
     alpha: float = Field(32.0, gt=0, description="LoRA alpha; the update is scaled by alpha / r.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
-    target_modules: list[str] | Literal["all-linear"] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        description="Module names (suffixes) that get LoRA, or 'all-linear'.",
+    target_modules: list[str] | Literal["auto", "all-linear"] = Field(
+        "auto",
+        description="Modules that get LoRA. auto: every decoder layer's attention and MLP projections as the model's "
+        "family names them (q/k/v/o_proj or Phi-3's qkv_proj; gate/up/down_proj or gate_up_proj, an MoE's shared "
+        "expert included; in Qwen3.5/Qwen3-Next Gated DeltaNet layers in_proj_qkv (in_proj_qkvz), in_proj_z and "
+        "out_proj), resolved on the loaded model (model/lora_targets.py). auto leaves at the base's values the "
+        "DeltaNet's per-head decay and write gates (in_proj_a, in_proj_b), routers, gates and Gemma 4's per-layer "
+        "inputs, and routed MoE experts, which transformers 5.x fuses into 3-D weights LoRA cannot wrap (not "
+        "trained). A list: module names or dot-suffixes, matched as PEFT matches them; one that matches no module "
+        "LoRA can wrap is refused, naming the model's linear layers. all-linear: every linear layer but the LM head; "
+        "refused on an MoE whose experts are separate linear modules (it would wrap every expert).",
     )
     layers: list[int] | None = Field(
         None,

@@ -5,8 +5,11 @@ random stream.
 decoding over their key/value cache (one position's logits each), picks every row's next token, and drops the rows
 that just stopped (a stop token or the length cap) from the batch and from the cache, so the compute per step follows
 the rows still running rather than the batch's longest response (`generate` decodes every row until the last one
-stops). A drop copies the kept rows' cache once (`batch_select_indices`), about what `DynamicCache`'s concatenation
-cost at every step.
+stops). A drop copies the kept rows' cache once (`model.select_rows`), about what `DynamicCache`'s concatenation
+cost at every step. Rows leave only a cache whose every layer is of a kind with a known rule for it (`ROW_RULES`:
+key/value layers, the reserved layer below, linear-attention conv and recurrent states, hybrids of both;
+`model/cache_layers.py`); a cache with a layer of another kind keeps all its rows to the end, each finished row fed
+the pad token and its outputs thrown away (masked), so an unknown layer never loses a row's state.
 
 The distribution is `generate`'s with `repetition_penalty=1`, `top_k=0`: softmax(logits / temperature), cut to the
 nucleus of mass `top_p` as transformers' `TopPLogitsWarper` cuts it (`truncation.truncated_logits`); greedy is the
@@ -34,7 +37,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicLayer
 
-from adaptercl.model import CACHE, output_cache
+from adaptercl.model import CACHE, SELECTS, can_select_rows, output_cache, select_keys, select_rows
 from adaptercl.rollout.truncation import truncated_logits
 
 
@@ -72,9 +75,13 @@ class ReservedLayer(DynamicLayer):
         self._views()
 
 
+ROW_RULES = {**SELECTS, ReservedLayer: select_keys}  # exact layer type -> how it keeps only some rows
+
+
 def reserve(cache: Any, extra: int) -> None:
     """Replace every plain `DynamicLayer` of `cache` by a `ReservedLayer` with room for `extra` more positions.
-    A cache of another kind (or a transformers without `layers`) is left to grow as it does."""
+    A layer of another kind (a subclass included: a hybrid's is a DynamicLayer too), or a cache without `layers`,
+    is left to grow as it does."""
     layers = getattr(cache, "layers", None)
     if layers is None:
         return
@@ -107,13 +114,14 @@ def decode(
     top_p: float = 1.0,
     greedy: bool = False,
     row_seeds: list[int] | None = None,
+    pad_id: int = 0,
 ) -> list[list[int]]:
     """Each row's response tokens (ending with its stop token, if it stopped on one), at most `max_new_tokens`.
 
     input_ids, attention_mask: [B, W] every row's whole prompt, left-padded or in a prefix-sharing layout (mask
     holes between a shared prefix and the row's own tokens). cache: None, or a `DynamicCache` holding all but the
     last column (the rollout prefill's); positions follow the mask, as in `generate`. row_seeds: [B] one seed per
-    row (sampling only).
+    row (sampling only). pad_id: what a finished row is fed while a cache that cannot drop rows keeps it.
     """
     device = input_ids.device
     rows = input_ids.shape[0]
@@ -128,8 +136,9 @@ def decode(
         step_ids, positions = input_ids, (mask.cumsum(-1) - 1).clamp(min=0)  # the whole prompt: [b, W]
     else:
         step_ids, positions = input_ids[:, -1:], mask.sum(-1, keepdim=True) - 1  # its last token: [b, 1]
+    running = torch.ones(rows, dtype=torch.bool, device=device)  # [b] not finished (rows kept only by masking)
     first = True
-    for _ in range(max_new_tokens):
+    for step in range(max_new_tokens):
         out = model(
             input_ids=step_ids,
             attention_mask=mask,
@@ -141,24 +150,27 @@ def decode(
         if first:
             cache, first = output_cache(out), False
             reserve(cache, max_new_tokens)  # room for every later position, written in place
+            droppable = can_select_rows(cache, ROW_RULES)  # else finished rows stay, masked
         logits = out.logits[:, -1, :]  # [b, V]
+        live = running.nonzero().squeeze(-1)  # [b'] batch rows still decoding
         if greedy:
             tokens = logits.argmax(dim=-1)  # [b]
         else:
-            uniforms = torch.cat([torch.rand(1, generator=generators[r], dtype=torch.float64) for r in alive.tolist()])
-            tokens = sample_tokens(truncated_logits(logits.float() / temperature, top_p), uniforms)  # [b]
-        for row, token in zip(alive.tolist(), tokens.tolist()):
+            tokens = torch.full((logits.shape[0],), pad_id, dtype=torch.long, device=device)  # [b]
+            draws = [torch.rand(1, generator=generators[r], dtype=torch.float64) for r in alive[live.cpu()].tolist()]
+            picked = sample_tokens(truncated_logits(logits[live].float() / temperature, top_p), torch.cat(draws))
+            tokens[live] = picked.to(device)
+        for row, token in zip(alive[live.cpu()].tolist(), tokens[live].tolist()):
             responses[row].append(token)
-        finished = torch.isin(tokens, stops)  # [b]
-        if len(responses[alive[0].item()]) == max_new_tokens:
-            break  # every row still here has reached the cap
-        keep = (~finished).nonzero().squeeze(-1)  # [b']
-        if keep.numel() == 0:
-            break
-        if keep.numel() < finished.numel():  # drop the finished rows from the batch and the cache
-            cache.batch_select_indices(keep)
-            alive, mask, tokens = alive[keep.cpu()], mask[keep], tokens[keep]
-            positions = positions[keep]
+        running &= ~torch.isin(tokens, stops)  # [b]
+        if step + 1 == max_new_tokens or not running.any():
+            break  # every row still here has reached the cap, or none is left
+        if droppable and not running.all():  # drop the finished rows from the batch and the cache
+            keep = running.nonzero().squeeze(-1)  # [b']
+            select_rows(cache, keep, ROW_RULES)
+            alive, mask, tokens, positions = alive[keep.cpu()], mask[keep], tokens[keep], positions[keep]
+            running = running[keep]
+        tokens = tokens.masked_fill(~running, pad_id)  # a finished row kept in the batch: fed padding, never read
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)  # [b, L + 1]
         positions = positions[:, -1:] + 1  # [b, 1]
         step_ids = tokens.unsqueeze(-1)  # [b, 1]

@@ -2,7 +2,9 @@
 
 It runs on the same PeftModel the trainer updates, so rollouts are exactly on-policy and adapter "sync" is free.
 Prompts that begin alike (a group's samples, a few-shot example, the chat header) are prefilled with each shared
-prefix computed once (`prefix_sharing`); otherwise they are left-padded per batch. Per-token logprobs (under
+prefix computed once (`prefix_sharing`) where the model's cache reads that layout exactly (`cache_layers.
+shared_prefix_limit`: not on linear-attention hybrids such as Qwen3.5, not across a sliding window's gap); otherwise
+they are left-padded per batch, as for `generate`. Per-token logprobs (under
 logits / temperature, cut to the top-p nucleus the rows were sampled from: `truncation.py`) are computed on request by
 one no-grad teacher-forced forward (`response_logprobs`, also the reference the vLLM engines' logprobs are tested
 against), because transformers' `output_logits` would keep a [batch, vocab] tensor per generated token. While
@@ -23,7 +25,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from adaptercl.adapters import active_adapters
-from adaptercl.model import build_batch, output_cache, prefill, prefix_layout, response_logits
+from adaptercl.model import build_batch, output_cache, prefill, prefix_layout, response_logits, shared_prefix_limit
 from adaptercl.rollout.decode import decode
 from adaptercl.rollout.folded_lora import folded_lora
 from adaptercl.rollout.packed_weights import packed_linears
@@ -84,7 +86,8 @@ class HFEngine:
 
     def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[Completion]:
         device = next(self.model.parameters()).device
-        input_ids, attention, cache = _prompt_inputs(self.model, prompts, self.tokenizer.pad_token_id, device)
+        pad_id = self.tokenizer.pad_token_id
+        input_ids, attention, cache = _prompt_inputs(self.model, prompts, pad_id, device, params.max_new_tokens)
         responses = decode(
             self.model,
             input_ids,  # [B, W]
@@ -96,6 +99,7 @@ class HFEngine:
             top_p=params.top_p,
             greedy=params.greedy,
             row_seeds=seeds[: len(prompts)],
+            pad_id=pad_id,
         )
         completions = []
         for p, response in zip(prompts, responses):
@@ -127,16 +131,19 @@ def response_logprobs(
 
 
 def _prompt_inputs(
-    model: torch.nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device
+    model: torch.nn.Module, prompts: list[list[int]], pad_id: int, device: torch.device, max_new_tokens: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, object | None]:
     """`generate`'s input ids, attention mask and starting cache for a batch of prompts.
 
-    When rows share prompt prefixes (a group's n samples, a few-shot example, the chat header) and that computes
-    fewer tokens, the prompts are laid out by `prefix_sharing` (each row's own tokens after a masked gap) and every
-    prompt token but the last is prefilled, each prefix once; `decode` then continues from that cache, and the
-    mask's holes give every row its own positions. Otherwise: left-padded prompts, no cache.
+    When rows share prompt prefixes (a group's n samples, a few-shot example, the chat header), that computes
+    fewer tokens and the model's cache reads the layout exactly for the prompt and `max_new_tokens` more positions
+    (`cache_layers.shared_prefix_limit`), the prompts are laid out by `prefix_sharing` (each row's own tokens after a
+    masked gap) and every prompt token but the last is prefilled, each prefix once; `decode` then continues from that
+    cache, and the mask's holes give every row its own positions. Otherwise: left-padded prompts, no cache (each row
+    prefilled from its own tokens alone, by `decode`'s first forward).
     """
-    layout = prefix_layout(prompts, -1, pad_id, device)
+    limit = shared_prefix_limit(model)
+    layout = prefix_layout(prompts, -1, pad_id, device, limit=limit, after=max_new_tokens)
     if layout is not None:
         with torch.no_grad():
             out = prefill(model, layout, layout.own_ids[:, :-1], layout.own_mask[:, :-1], logits_to_keep=1)

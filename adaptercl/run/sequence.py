@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptercl.measure import tracking
-from adaptercl.model import check_lora_layers
+from adaptercl.model import check_lora_layers, check_lora_targets
 from adaptercl.recipe import RecipeConfig
 from adaptercl.rollout import resolve_engine
 from adaptercl.run.live_run import load_run
@@ -57,11 +57,14 @@ def run_recipe(recipe: RecipeConfig, on_event: Callable[..., Any] | None = None)
     alone writes the run directory and reports events; the other ranks train, evaluate and measure alongside it.
 
     `rollout.engine: auto` is decided first (`rollout.engine_choice.resolve_engine`) and reported as the first event,
-    rollout_engine (engine, reason); the run directory keeps the recipe as written."""
+    rollout_engine (engine, reason); the run directory keeps the recipe as written. Before the run directory is
+    claimed, the base's architecture and every stage's LoRA targets and layers are checked on its weightless skeleton
+    (`model.check_lora_targets`): a bad one is one line, and nothing is written."""
     written = recipe
     recipe, choice = resolve_engine(recipe)
     preflight(recipe)  # missing files, rewards that do not import, no vLLM: one line before anything loads
     check_lora_layers(recipe, download=True)  # a hub model not in the local cache: its config.json alone, first
+    check_lora_targets(recipe, download=True)  # the architecture and every stage's LoRA targets, on a weightless model
     with distributed.process_group() as world:
         check_world(recipe, world)
         if not world.is_main:  # events, progress and trackers are rank 0's

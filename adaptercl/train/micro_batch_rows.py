@@ -12,7 +12,8 @@ its longest response. The training step cuts every micro-batch to its own rows' 
   are alike).
 
 "Cheapest" counts the positions the student's forward computes (`forward_positions`: the plain [n, P'+R'] layout,
-or the prefix-shared one when `model.batching.response_logits` would take it), ties going to the earlier order; the
+or the prefix-shared one when `model.batching.response_logits` would take it: `share_prompts` is the model's
+`cache_layers.shared_prefix_limit`, True for a model of full-attention layers), ties going to the earlier order; the
 attention's quadratic part and the teacher's forward are not counted. One micro-batch keeps the rollout order (the
 batch as it is). An order is taken only if none of its micro-batches computes more positions than the rollout
 order's largest: the memory plan (`plan/step_memory.py`) sizes a micro-batch by the groups a run of rows in rollout
@@ -29,9 +30,18 @@ from collections.abc import Callable
 
 import torch
 
-from adaptercl.model import TokenBatch, prefix_layout, prompt_lists, trim_padding
+from adaptercl.model import (
+    FULL_ATTENTION,
+    NO_SHARING,
+    PrefixLimit,
+    TokenBatch,
+    prefix_layout,
+    prompt_lists,
+    trim_padding,
+)
 
 Rows = slice | torch.Tensor  # the rows of one micro-batch: a slice in rollout order, else indices [n_mb]
+Sharing = bool | PrefixLimit  # whether the training forward shares prompt prefixes, and which layouts (True: any)
 
 
 def _rollout(batch: TokenBatch) -> list[int]:
@@ -55,12 +65,15 @@ ORDERS: dict[str, Callable[[TokenBatch], list[int]]] = {
 }
 
 
-def forward_positions(batch: TokenBatch, share_prompts: bool) -> int:
+def forward_positions(batch: TokenBatch, share_prompts: Sharing) -> int:
     """Positions the student's forward computes on `batch` as given (trim it first): N x (P+R) in the plain layout,
     or U x C + N x (S+R-1) in the prefix-shared one (`prefix_sharing.prefix_layout`) where that one is taken."""
     n, width = batch.input_ids.shape
     r_width = batch.response_ids.shape[1]
-    layout = prefix_layout(prompt_lists(batch), r_width - 1, pad_id=0) if share_prompts else None
+    limit = (
+        share_prompts if isinstance(share_prompts, PrefixLimit) else FULL_ATTENTION if share_prompts else NO_SHARING
+    )
+    layout = prefix_layout(prompt_lists(batch), r_width - 1, pad_id=0, limit=limit)
     if layout is None:
         return n * width
     return layout.prefix_ids.numel() + n * (layout.own_ids.shape[1] + r_width - 1)
@@ -73,12 +86,12 @@ def split_order(order: list[int], micro: int) -> list[Rows]:
     return [torch.tensor(order[start : start + micro]) for start in range(0, len(order), micro)]
 
 
-def part_positions(batch: TokenBatch, parts: list[Rows], share_prompts: bool) -> list[int]:
+def part_positions(batch: TokenBatch, parts: list[Rows], share_prompts: Sharing) -> list[int]:
     """Positions the student's forward computes in each of the micro-batches `parts`, each cut to its own rows."""
     return [forward_positions(trim_padding(batch.select(rows)), share_prompts) for rows in parts]
 
 
-def order_cost(batch: TokenBatch, parts: list[Rows], share_prompts: bool) -> int:
+def order_cost(batch: TokenBatch, parts: list[Rows], share_prompts: Sharing) -> int:
     """Positions the student's forwards compute over the micro-batches `parts`."""
     return sum(part_positions(batch, parts, share_prompts))
 
@@ -91,10 +104,11 @@ def cut(batch: TokenBatch, rows: Rows, parts: int, response_width: int | None = 
     return trim_padding(selected, response_width) if parts > 1 else selected
 
 
-def micro_batch_rows(batch: TokenBatch, micro: int, share_prompts: bool) -> tuple[str, list[Rows]]:
+def micro_batch_rows(batch: TokenBatch, micro: int, share_prompts: Sharing) -> tuple[str, list[Rows]]:
     """The name of the cheapest of `ORDERS` for micro-batches of `micro` rows of `batch` (see the module docstring),
     and its micro-batches' rows. `share_prompts`: whether the training forward shares prompt prefixes (the step's
-    does, with or without activation checkpointing)."""
+    does, with or without activation checkpointing, where the model's cache reads the layout: its
+    `shared_prefix_limit`)."""
     n = batch.input_ids.shape[0]
     if micro >= n:
         return "rollout", [slice(0, n)]

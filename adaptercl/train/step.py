@@ -52,7 +52,13 @@ import math
 import torch
 
 from adaptercl.adapters import active_adapters, lora_parameters
-from adaptercl.model import TokenBatch, activation_checkpointing, resolve_activation_checkpointing, response_scores
+from adaptercl.model import (
+    TokenBatch,
+    activation_checkpointing,
+    resolve_activation_checkpointing,
+    response_scores,
+    shared_prefix_limit,
+)
 from adaptercl.recipe import METHODS
 from adaptercl.system import distributed
 from adaptercl.train import losses
@@ -98,7 +104,7 @@ def train_on_batch(
     chunk = resolve_logits_chunk_size(stage.optim.logits_chunk_size, device)
     checkpointing = resolve_activation_checkpointing(stage.optim.activation_checkpointing, device)
     # which rows go together; each micro-batch is then cut to its own rows' longest prompt and response
-    _, parts = micro_batch_rows(batch, micro, share_prompts=True)
+    _, parts = micro_batch_rows(batch, micro, share_prompts=shared_prefix_limit(model))
     routed = None
     if spec.sample_routed:  # srpo: its teacher forward, entropy weights and shared denominator, before any backward
         routed = routed_step(ctx, batch, targets, parts, chunk)

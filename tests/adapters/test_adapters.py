@@ -35,7 +35,7 @@ def test_lora_layers_out_of_range_are_refused_as_the_adapter_is_attached():
     assert str(err.value) == (
         "lora.layers: layer 2 does not exist; the model has 2 layers: 0..1 (or -2..-1 counting from the top)"
     )
-    assert peft_lora_config(LoraConfig(layers=[-2, 0, 1]), num_layers=2).layers_to_transform == [0, 1]
+    assert peft_lora_config(LoraConfig(layers=[-2, 0, 1]), model).layers_to_transform == [0, 1]
 
 
 def test_active_adapters_restores_active_set_and_trainable_flags():

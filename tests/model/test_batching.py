@@ -134,11 +134,11 @@ def test_rollouts_with_shared_prefixes_equal_rollouts_without(greedy, n, monkeyp
     params = SamplingParams(max_new_tokens=8, n=n, greedy=greedy, seed=5)
     layouts = []
     layout = hf.prefix_layout
-    monkeypatch.setattr(hf, "prefix_layout", lambda *a: layouts.append(layout(*a)) or layouts[-1])
+    monkeypatch.setattr(hf, "prefix_layout", lambda *a, **k: layouts.append(layout(*a, **k)) or layouts[-1])
     shared = hf.HFEngine(model, tok).generate(prompts, ["student"], params)
     assert layouts and layouts[0] is not None  # the shared path ran
     assert layouts[0].counts.tolist() == ([n] * 3 if n > 1 else [3])
-    monkeypatch.setattr(hf, "prefix_layout", lambda *a: None)
+    monkeypatch.setattr(hf, "prefix_layout", lambda *a, **k: None)
     plain = hf.HFEngine(model, tok).generate(prompts, ["student"], params)
     assert [[c.token_ids for c in g] for g in shared] == [[c.token_ids for c in g] for g in plain]
     if not greedy and n > 1:  # different samples within a group, not one repeated
