@@ -38,7 +38,7 @@ from adaptercl.recipe.method_blocks import (  # re-exported: a recipe's blocks a
     Support,
     TeacherConfig,
     TeacherKind,
-    first_gated_check,
+    check_refresh_schedule,
 )
 from adaptercl.recipe.method_blocks import ConfigBlock as _Block
 from adaptercl.recipe.method_table import METHODS, Method
@@ -179,7 +179,7 @@ class StageConfig(_Block):
         if teacher.gate_window is None:
             teacher.gate_window = teacher.refresh_every
         if spec.needs_teacher:
-            _check_refresh_schedule(teacher, self.optim.steps)
+            check_refresh_schedule(teacher, self.optim.steps)
         if self.monitor.checkpoint_every > self.optim.steps:  # a stage this short would checkpoint only at its end
             self.monitor._capped_from = self.monitor.checkpoint_every
             self.monitor.checkpoint_every = self.optim.steps
@@ -310,33 +310,6 @@ class RecipeConfig(_Block):
 
 
 STAGE_DEFAULT_BLOCKS = ("lora", "rollout", "optim", "grpo", "distill", "hybrid", "srpo", "regularizers", "monitor")
-
-
-def _check_refresh_schedule(teacher: TeacherConfig, steps: int) -> None:
-    """A restart_freeze or gated teacher that could never refresh within the stage is a stage_start teacher in
-    disguise: refuse it, saying what to change. A gated window longer than its check period is refused too: right
-    after the baseline or a refresh, the next check's window repeats gate_window − refresh_every steps of the
-    reference window, which cancel in the difference, so the rule would compare two refresh_every-step blocks with
-    its delta scaled by gate_window / refresh_every."""
-    if teacher.kind == "restart_freeze" and teacher.refresh_every > steps:
-        raise ValueError(
-            f"distill.teacher.refresh_every ({teacher.refresh_every}) is more than optim.steps ({steps}): the "
-            "restart_freeze teacher would never refresh; lower it, or use distill.teacher.kind stage_start"
-        )
-    if teacher.kind == "gated" and teacher.gate_window > teacher.refresh_every:
-        raise ValueError(
-            f"distill.teacher.gate_window ({teacher.gate_window}) is longer than refresh_every "
-            f"({teacher.refresh_every}): each check's window would share "
-            f"{teacher.gate_window - teacher.refresh_every} steps with the window it is compared with; set "
-            "gate_window <= refresh_every"
-        )
-    first = first_gated_check(teacher.gate_window, teacher.refresh_every)
-    if teacher.kind == "gated" and first > steps:
-        raise ValueError(
-            f"distill.teacher: the gated teacher's first check would be at step {first} (gate_window "
-            f"{teacher.gate_window} steps of baseline, then every refresh_every {teacher.refresh_every}), after "
-            f"optim.steps ({steps}); lower gate_window or refresh_every, or use distill.teacher.kind stage_start"
-        )
 
 
 def _check_replay_domains(stage: StageConfig, domain_names: list[str], probes: list[str]) -> None:

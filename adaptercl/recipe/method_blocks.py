@@ -204,6 +204,33 @@ def first_gated_check(window: int, every: int) -> int:
     return (window // every + 1) * every
 
 
+def check_refresh_schedule(teacher: TeacherConfig, steps: int) -> None:
+    """A restart_freeze or gated teacher that could never refresh within the stage is a stage_start teacher in
+    disguise: refuse it, saying what to change. A gated window longer than its check period is refused too: right
+    after the baseline or a refresh, the next check's window repeats gate_window − refresh_every steps of the
+    reference window, which cancel in the difference, so the rule would compare two refresh_every-step blocks with
+    its delta scaled by gate_window / refresh_every."""
+    if teacher.kind == "restart_freeze" and teacher.refresh_every > steps:
+        raise ValueError(
+            f"distill.teacher.refresh_every ({teacher.refresh_every}) is more than optim.steps ({steps}): the "
+            "restart_freeze teacher would never refresh; lower it, or use distill.teacher.kind stage_start"
+        )
+    if teacher.kind == "gated" and teacher.gate_window > teacher.refresh_every:
+        raise ValueError(
+            f"distill.teacher.gate_window ({teacher.gate_window}) is longer than refresh_every "
+            f"({teacher.refresh_every}): each check's window would share "
+            f"{teacher.gate_window - teacher.refresh_every} steps with the window it is compared with; set "
+            "gate_window <= refresh_every"
+        )
+    first = first_gated_check(teacher.gate_window, teacher.refresh_every)
+    if teacher.kind == "gated" and first > steps:
+        raise ValueError(
+            f"distill.teacher: the gated teacher's first check would be at step {first} (gate_window "
+            f"{teacher.gate_window} steps of baseline, then every refresh_every {teacher.refresh_every}), after "
+            f"optim.steps ({steps}); lower gate_window or refresh_every, or use distill.teacher.kind stage_start"
+        )
+
+
 class DistillConfig(ConfigBlock):
     alpha: float | None = Field(
         None, ge=0.0, le=1.0, description="0 forward KL(q||p), 1 reverse KL(p||q), else generalized JSD."
