@@ -26,7 +26,9 @@
                                                     own) or PEFT adapter folders on a recipe's domains and probes,
                                                     without training: OUT/<label>/eval.json + summary.json
     adaptercl merge ADAPTER... --out DIR [--method ties --weights 1,-1 --density 0.2 --rank 16]
-                                                    ΔW-space merge of PEFT adapter folders into one
+                           [--allow-different-bases]
+                                                    ΔW-space merge of PEFT adapter folders into one (of one
+                                                    base model unless allowed: a base and its fine-tune)
     adaptercl export RUN_DIR --out DIR [--merged]   one PEFT adapter folder per domain + model cards + manifest
     adaptercl serve DIR [--port 8000] [--tensor-parallel-size N] [--data-parallel-size N] [--print-command]
                                                     serve an export with vLLM's OpenAI server, one LoRA per domain
@@ -102,6 +104,11 @@ def main(argv: list[str] | None = None) -> int:
     merge.add_argument("--density", type=float, default=1.0, help="TIES/DARE density (default 1: keep all)")
     merge.add_argument("--rank", type=int, help="rank of the written adapter (default: the largest input rank)")
     merge.add_argument("--seed", type=int, default=0, help="seed of the DARE masks")
+    merge.add_argument(
+        "--allow-different-bases",
+        action="store_true",
+        help="merge adapters whose configs name different base models (a base and its fine-tune)",
+    )
     export = sub.add_parser("export", help="write one PEFT adapter per trained domain, model cards and a manifest")
     export.add_argument("run_dir", help="a finished run directory")
     export.add_argument("--out", required=True, help="output folder (new or empty; written atomically)")
@@ -241,7 +248,9 @@ def _merge(args: argparse.Namespace) -> int:
             weights = [float(w) for w in args.weights.split(",")]
         except ValueError:
             raise RecipeError(f"merge: --weights must be comma-separated numbers, got {args.weights!r}") from None
-    report = merge_adapter_folders(args.adapters, args.out, args.method, weights, args.density, args.rank, args.seed)
+    report = merge_adapter_folders(
+        args.adapters, args.out, args.method, weights, args.density, args.rank, args.seed, args.allow_different_bases
+    )
     for line in report["warnings"]:  # an input that already holds another's ΔW
         print(f"warning: {line}", file=sys.stderr)
     print(

@@ -10,6 +10,7 @@ from importlib import import_module
 # itself. Imported on first use: importing the folder loads nothing.
 _EXPORTS = {
     "LoraFactors": "factors",
+    "check_weights": "factors",
     "combine": "factors",
     "served_config": "factors",
     "snapshot": "factors",

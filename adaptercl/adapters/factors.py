@@ -16,7 +16,8 @@ A module is named as in PEFT's saved keys without the `.lora_A.weight` suffix
   folded into B, written with `served_config`), and the ΔW merges of `merge.py`.
 
 Unsupported inputs (refused with a one-line `RecipeError`): DoRA adapters (their ΔW is not scale·B·A) in
-folders and in vLLM snapshots, rank_pattern / alpha_pattern, non-LoRA PEFT types, `.bin` weights.
+folders and in vLLM snapshots, rank_pattern / alpha_pattern, non-LoRA PEFT types, `.bin` weights; and damaged ones:
+a weights file whose header does not parse or does not cover the file (a copy cut short, `check_weights`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
@@ -155,20 +157,44 @@ def served_config(base_model: str, modules: dict[str, tuple[Tensor, Tensor]], ra
     }
 
 
+def read_adapter_config(path: str | Path) -> dict[str, Any]:
+    """The adapter_config.json of a PEFT adapter folder with safetensors weights, read without the weights."""
+    path = Path(path)
+    if not (path / CONFIG_FILE).is_file():
+        inside = sorted(p.name for p in path.iterdir() if (p / CONFIG_FILE).is_file()) if path.is_dir() else []
+        hint = f"; it holds adapter folders ({', '.join(inside)}): name those" if inside else ""
+        raise RecipeError(f"{path}: not a PEFT adapter folder (no {CONFIG_FILE}){hint}")
+    if not (path / WEIGHTS_FILE).is_file():
+        raise RecipeError(f"{path}: no {WEIGHTS_FILE} (only safetensors adapters are supported)")
+    return read_record(path / CONFIG_FILE, "save or export the adapter again")
+
+
+def check_weights(path: str | Path) -> None:
+    """The adapter folder's adapter_model.safetensors, where there is one, must be whole: its header parses and its
+    tensors cover the file exactly (safetensors checks both on opening; a copy cut short or a file overwritten fails).
+    Reads the header only; a damaged file is one RecipeError line."""
+    file = Path(path) / WEIGHTS_FILE
+    if not file.is_file():
+        return
+    try:
+        with safe_open(str(file), framework="pt"):
+            pass
+    except SafetensorError as err:
+        why = str(err).split(": ", 1)[-1]
+        raise RecipeError(f"{file} is damaged ({why}): copy, save or export the adapter again") from None
+
+
 def read_adapter_folder(path: str | Path) -> LoraFactors:
     """The LoRA factors of a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)."""
     path = Path(path)
-    if not (path / CONFIG_FILE).is_file():
-        raise RecipeError(f"{path}: not a PEFT adapter folder (no {CONFIG_FILE})")
-    if not (path / WEIGHTS_FILE).is_file():
-        raise RecipeError(f"{path}: no {WEIGHTS_FILE} (only safetensors adapters are supported)")
-    config = read_record(path / CONFIG_FILE, "save or export the adapter again")
+    config = read_adapter_config(path)
     if config.get("peft_type", "LORA") != "LORA":
         raise RecipeError(f"{path}: peft_type {config.get('peft_type')!r} is not LORA")
     if config.get("use_dora"):
         raise RecipeError(f"{path}: DoRA adapters are not supported (their ΔW is not scale·B·A)")
     if config.get("rank_pattern") or config.get("alpha_pattern"):
         raise RecipeError(f"{path}: adapters with rank_pattern/alpha_pattern are not supported")
+    check_weights(path)
     tensors = load_file(str(path / WEIGHTS_FILE))
     modules: dict[str, tuple[Tensor, Tensor]] = {}
     for key, a in tensors.items():

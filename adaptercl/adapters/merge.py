@@ -7,7 +7,11 @@ writer) in `factors.py`; this module only strings them together.
   module, union of modules), truncated-SVD re-factorisation to `rank`, written as a PEFT folder with
   lora_alpha = r (scale 1: the factors hold the merged ΔW itself) plus `merge_report.json` (relative Frobenius
   error of the re-factorisation per module, mean and max) and its `warnings`: an input that already holds another
-  input's ΔW (a run's `init: merge` stage merged with a stage its start merged: `counted_twice`).
+  input's ΔW (a run's `init: merge` stage merged with a stage its start merged: `counted_twice`). Refused in one line
+  before any weight is read: adapters whose adapter_config.json name different base models (`base_model_name_or_path`,
+  compared as written: ΔW of two bases added together means nothing; `allow_different_bases` for a base and its
+  fine-tune, or one base under two names), an `out` that is one of the inputs, a file, or a non-empty folder other
+  than an earlier merge's (an earlier merge is replaced whole, atomically), non-finite weights, a rank below 1.
 - `init_adapter_from_merge` (`adapter.init: merge`): the same merge of the earlier stages' task vectors
   (`stage_task_vectors`: each stage adapter's ΔW minus the ΔW it started from, the rule in `stacking.py`) in a live
   model, written into the stage's freshly attached adapter. An earlier merge stage's start is not kept as an
@@ -24,6 +28,7 @@ Unsupported inputs are refused by `read_adapter_folder` (see `factors.py`).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,7 @@ from torch import Tensor
 from adaptercl.adapters.factors import (
     LoraFactors,
     from_model,
+    read_adapter_config,
     read_adapter_folder,
     scale_one_config,
     write_adapter_folder,
@@ -41,6 +47,7 @@ from adaptercl.adapters.factors import (
 from adaptercl.adapters.merge_math import MERGE_METHODS, merge_module_deltas, refactorize
 from adaptercl.adapters.stacking import AdapterPlan
 from adaptercl.recipe import AdapterInitConfig, RecipeError
+from adaptercl.system import check_new_folder
 
 REPORT_FILE = "merge_report.json"
 EMPTY_DIRECTION_TOL = 1e-6  # a singular value below this x the largest is numerical noise of a lower-rank merge
@@ -61,11 +68,13 @@ def merge_adapter_folders(
     density: float = 1.0,
     rank: int | None = None,
     seed: int = 0,
+    allow_different_bases: bool = False,
 ) -> dict[str, Any]:
     """ΔW-space merge of PEFT adapter folders into a new PEFT folder `out`; returns (and writes) the report.
 
     rank defaults to the largest input rank. The report holds the relative Frobenius error of the rank-`rank`
-    re-factorisation per module, ‖ΔW − B A‖_F / ‖ΔW‖_F, and its mean and max.
+    re-factorisation per module, ‖ΔW − B A‖_F / ‖ΔW‖_F, and its mean and max. Bad input is refused first (see the
+    module docstring).
     """
     if not paths:
         raise RecipeError("merge: give at least one adapter folder")
@@ -74,13 +83,19 @@ def merge_adapter_folders(
     weights = default_merge_weights(method, len(paths)) if weights is None else list(weights)
     if len(weights) != len(paths):
         raise RecipeError(f"merge: {len(weights)} weights for {len(paths)} adapters; give one weight per adapter")
+    if not all(math.isfinite(w) for w in weights):
+        raise RecipeError(f"merge: --weights must be finite numbers, got {','.join(f'{w:g}' for w in weights)}")
     if not 0.0 < density <= 1.0:
         raise RecipeError(f"merge: density must be in (0, 1], got {density}")
+    if rank is not None and rank < 1:
+        raise RecipeError(f"merge: rank must be >= 1, got {rank}")
+    check_merge_out(paths, out)
+    configs = [read_adapter_config(p) for p in paths]
+    if not allow_different_bases:
+        check_one_base(paths, configs)
     adapters = [read_adapter_folder(p) for p in paths]
     warnings = counted_twice(paths)
     rank = rank or max(a.rank for a in adapters)
-    if rank < 1:
-        raise RecipeError(f"merge: rank must be >= 1, got {rank}")
     try:
         merged = merge_module_deltas([a.deltas() for a in adapters], weights, method, density, seed)
     except ValueError as err:  # e.g. one module with different shapes across adapters
@@ -127,6 +142,28 @@ def counted_twice(paths: list[str | Path]) -> list[str]:
                     f"twice; leave {other} out to count it once"
                 )
     return lines
+
+
+def check_merge_out(paths: list[str | Path], out: str | Path) -> None:
+    """`out` may be new, empty or an earlier merge's folder (it holds REPORT_FILE), never one of the inputs `paths`
+    (it is replaced whole), a file or under one."""
+    if any(Path(out).resolve() == Path(p).resolve() for p in paths):
+        raise RecipeError(f"merge: --out {str(out)!r} is one of the adapters it merges; choose a new folder")
+    check_new_folder(out, "merge", replaceable=REPORT_FILE)
+
+
+def check_one_base(paths: list[str | Path], configs: list[dict[str, Any]]) -> None:
+    """The adapters' adapter_config.json must name one base model (`base_model_name_or_path`; an adapter naming
+    none is not compared)."""
+    named = [(str(p), c.get("base_model_name_or_path")) for p, c in zip(paths, configs)]
+    named = [(p, base) for p, base in named if base]
+    for path, base in named[1:]:
+        if base != named[0][1]:
+            raise RecipeError(
+                f"merge: the adapters name different base models, {named[0][1]!r} ({named[0][0]}) and {base!r} "
+                f"({path}): their ΔW do not add up on one base; merge adapters of one base, or pass "
+                "--allow-different-bases when they are one base under two names or a base and its fine-tune"
+            )
 
 
 def error_summary(errors: dict[str, float]) -> dict[str, Any]:

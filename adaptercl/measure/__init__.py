@@ -29,6 +29,7 @@ _EXPORTS = {
     "token_scores": "policy_divergence",
     "write_report": "report",
     "paired_bootstrap_interval": "stats",
+    "sign_test_p": "stats",
     "require_trackers": "trackers",
     "tracking": "trackers",
 }

@@ -8,6 +8,9 @@
   over methods and seeds: RL's Razor (Shenfeld et al. 2025) reports R² ≈ 0.7 on LLMs.
 - `wilson_interval`: the Wilson score interval of a proportion (Wilson 1927), e.g. one accuracy over n eval examples.
 - `t_interval`: the Student-t interval of a mean over a few independent values (e.g. one figure per seed).
+- `sign_test_p`: the exact one-sided sign (binomial) test on the discordant pairs of paired binary outcomes (the
+  lift gate's rule, `train/lift_gate.py`): exact at any n, where a percentile bootstrap over fewer than ~20 pairs in
+  {−1, 0, 1} opens far more often than its level (docs/design.md §5a).
 
 Results are JSON-ready Python floats; None where a statistic is undefined.
 """
@@ -123,3 +126,19 @@ def t_interval(values: list[float]) -> tuple[float, float] | None:
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = (T975[n - 2] if n - 1 <= len(T975) else Z975) * sd / math.sqrt(n)
     return mean - half, mean + half
+
+
+def sign_test_p(wins: int, losses: int) -> float:
+    """One-sided exact sign test on paired binary outcomes, ties dropped: P(X >= wins) for X ~ Binomial(wins +
+    losses, 1/2), the chance of at least `wins` first-side wins among the discordant pairs if either side were as
+    likely to win each (1.0 with no discordant pair: no evidence).
+
+    Exact for any number of pairs, so it keeps its level where a bootstrap interval cannot (3 wins and 5 ties of 8:
+    p = 1/8, not below 0.025). Rejecting at level a is the same as the exact Clopper–Pearson lower bound (1 − 2a
+    two-sided) of the first side's share of the discordant pairs lying above 1/2. Computed in integers: the sum of
+    binomial coefficients over 2^n, one rounding at the division.
+    """
+    if wins < 0 or losses < 0:
+        raise ValueError(f"sign_test_p: counts must be >= 0, got wins {wins}, losses {losses}")
+    n = wins + losses
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2**n

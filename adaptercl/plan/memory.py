@@ -33,7 +33,7 @@ from adaptercl.plan import rehearsal_check
 from adaptercl.plan.diagnostics_memory import diagnostics_parts, drift_cache_bytes, runs_parameter_drift
 from adaptercl.plan.step_memory import C0_GIB, entropy_pass_terms, frozen_params, train_terms, train_workload
 from adaptercl.plan.wall_time import WallTime, estimate_wall_time, step_s
-from adaptercl.recipe import ENGINES, METHODS, RecipeConfig, StageConfig
+from adaptercl.recipe import ENGINES, METHODS, RecipeConfig, RecipeError, StageConfig
 from adaptercl.rollout import (
     PROMPT_TOKENS,
     VLLM_ASLEEP_GIB,
@@ -301,8 +301,13 @@ def _diagnostics_phase(shape: Shape, recipe: RecipeConfig, prompt: int, card: fl
 def plan_recipe(recipe: RecipeConfig, gpu_memory_gib: float = 24.0, prompt_tokens: int = PROMPT_TOKENS,
                 card: str = "rtx4090") -> Plan:  # fmt: skip
     """Predicted peak GPU memory of each phase (training step, rollouts, evaluation, diagnostics) and the wall time
-    on `card` (`wall_time.CARDS`)."""
-    written, recipe = recipe, planned(recipe)  # rollout.engine auto: what it picks on a CUDA card with vLLM
+    on `card` (`wall_time.CARDS`). A card size that is not a number of GiB above 0, or prompts of fewer than 1
+    token, are refused (one RecipeError line naming the flag)."""
+    if not (math.isfinite(gpu_memory_gib) and gpu_memory_gib > 0):
+        raise RecipeError(f"plan: --gpu-memory must be a number of GiB above 0, got {gpu_memory_gib:g}")
+    if prompt_tokens < 1:
+        raise RecipeError(f"plan: --prompt-tokens must be at least 1, got {prompt_tokens}")
+    written, recipe = recipe, planned(recipe)  # rollout.engine auto: vLLM, what it picks on a CUDA card with vLLM
     shape = shape_of(recipe.model.name)
     gib_ = gpu_memory_gib
     phases = [

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from adaptercl.recipe import METHODS, RecipeConfig, RecipeError, StageConfig, resolved_yaml
 
 REHEARSAL_KIND, REHEARSAL_VERSION = "adaptercl rehearsal", 1  # rehearsal.json's kind and version
@@ -65,10 +67,68 @@ def recipe_hash(recipe: RecipeConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class _Read(BaseModel):
+    """What the wall time reads of a rehearsal.json, typed (`read_rehearsal` checks a file against it; the figures
+    stay the file's dicts). Fields it does not read are kept as they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class _Step(_Read):
+    rollout_s: float = Field(ge=0)
+    train_s: float = Field(ge=0)
+    tokens: float = Field(ge=0)
+    sequences: int = Field(gt=0)
+
+
+class _Seconds(_Read):
+    seconds: float = Field(ge=0)
+
+
+class _Diagnostic(_Seconds):
+    prompts: int = Field(gt=0)
+
+
+class _Eval(_Seconds):
+    examples: int = Field(gt=0)
+
+
+class _Stage(_Read):
+    method: str | None = None
+    steps: list[_Step] | None = None
+    checkpoint_s: list[float] | None = None
+    stage_overhead_s: float | None = None
+    save_s: float | None = None
+    parameter_drift: _Seconds | None = None
+    teacher_lift: _Diagnostic | None = None
+    stage_kl: _Diagnostic | None = None
+    response_drift: _Diagnostic | None = None
+    eval: dict[str, _Eval] | None = None
+
+
+class _Once(_Read):
+    startup: float | None = None
+    load: float | None = None
+    other: float | None = None
+
+
+class _Rehearsal(_Read):
+    stages: dict[str, _Stage]
+    eval_before: dict[str, _Eval] | None = None
+    eval_sizes: dict[str, int] = {}
+    eval_sizes_at: int = 0
+    seconds: _Once = _Once()
+    machine: dict[str, Any] = {}
+    recipe: dict[str, Any] = {}
+
+
 def read_rehearsal(path: str | Path) -> dict[str, Any]:
-    """A rehearsal.json; RecipeError (one line) when it is missing, not JSON or not a rehearsal of this version."""
+    """A rehearsal.json; RecipeError (one line) when it is missing, a folder, not JSON, not a rehearsal of this
+    version, or one whose figures the wall time reads are missing or of the wrong kind (edited or cut short)."""
     path = Path(path)
     fix = "write one with `adaptercl recipe rehearse FILE --out DIR` and pass DIR/rehearsal.json"
+    if path.is_dir():
+        raise RecipeError(f"--rehearsal: {str(path)!r} is a folder; pass the rehearsal.json in it")
     if not path.is_file():
         raise RecipeError(f"--rehearsal: {str(path)!r} does not exist; {fix}")
     try:
@@ -77,6 +137,12 @@ def read_rehearsal(path: str | Path) -> dict[str, Any]:
         raise RecipeError(f"--rehearsal: {str(path)!r} is not JSON ({err}); {fix}") from None
     if not isinstance(data, dict) or data.get("kind") != REHEARSAL_KIND or data.get("version") != REHEARSAL_VERSION:
         raise RecipeError(f"--rehearsal: {str(path)!r} is not a rehearsal (version {REHEARSAL_VERSION}); {fix}")
+    try:
+        _Rehearsal.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise RecipeError(f"--rehearsal: {str(path)!r} is damaged ({where}: {first['msg']}); {fix}") from None
     return data
 
 

@@ -36,6 +36,7 @@ _EXPORTS = {
     "Action": "method_blocks",
     "DistillConfig": "method_blocks",
     "HybridConfig": "method_blocks",
+    "LIFT_GATE_LEVEL": "method_blocks",
     "LiftGateConfig": "method_blocks",
     "MonitorConfig": "method_blocks",
     "TeacherAutocast": "method_blocks",

@@ -5,6 +5,7 @@ stages and recipes. No torch import."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
@@ -14,6 +15,12 @@ Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_mean_
 Support = Literal["full", "topk", "sampled"]
 TeacherKind = Literal["base", "stage_start", "ema", "lag", "trust_region", "restart_freeze", "gated"]
 TeacherAutocast = Literal["none", "bfloat16", "auto"]
+
+# The lift gate's `lower_bound` rule: the one-sided level of its exact sign test (the lower end of a two-sided 95 %
+# interval, the rule's meaning from the start), and the fewest teacher-only wins that can pass it, all discordant
+# prompts the teacher's: 2^-w <= 0.025 from w = 6 (`train.lift_gate.smallest_opening_lift` computes the general case)
+LIFT_GATE_LEVEL = 0.025
+FEWEST_OPENING_WINS = math.ceil(-math.log2(LIFT_GATE_LEVEL))
 
 
 class ConfigBlock(BaseModel):
@@ -148,17 +155,28 @@ class LiftGateConfig(ConfigBlock):
     metrics.jsonl (`lift_gate_*`); docs/design.md §4c, `train/lift_gate.py`.
 
     The measurement is the `teacher_lift` diagnostic's: per train prompt with a teacher context, the teacher's greedy
-    accuracy with its context minus the student's greedy accuracy, paired over prompts, with a percentile-bootstrap
-    95 % interval. Its contexts come from the step's own rollouts first (no extra generation), then from a group
-    rollout of further seeded train prompts; never the eval set.
+    accuracy with its context minus the student's greedy accuracy, paired over prompts. Its contexts come from the
+    step's own rollouts first (no extra generation), then from a group rollout of further seeded train prompts; never
+    the eval set.
 
-    Why the default rule is `lower_bound` with `min_pairs` 8: GRPO on the same rollouts is the method every
-    distilling method is measured against, so the gate stays on GRPO's side until the data show the teacher knows
-    more (self-distillation's gain is linear in that gap, arXiv 2605.30070; a teacher without lift is what SDPO
-    distilled from where it collapsed in benchmarks/science). With fewer than 8 prompts the bootstrap has few
-    distinct resamples and two lucky prompts would open it; at n = 8 a teacher right where the student is wrong on 3
-    prompts and tied on the other 5 (lift 0.375, interval [0.125, 0.75]) opens it, on 2 (0.25, [0, 0.625]) does
-    not. `mean` opens on any positive estimate: more distillation, less evidence."""
+    Why the default rule is `lower_bound`: GRPO on the same rollouts is the method every distilling method is measured
+    against, so the gate stays on GRPO's side until the data show the teacher knows more (self-distillation's gain is
+    linear in that gap, arXiv 2605.30070; a teacher without lift is what SDPO distilled from where it collapsed in
+    benchmarks/science). Its test is exact: the one-sided sign test on the discordant prompts (teacher right and
+    student wrong against the reverse, ties dropped; one context per prompt, `train/lift.py`) at 2.5 %, the level of
+    the lower end of a two-sided 95 % interval. With teacher = student it opens at most 2.5 % of checks at any n;
+    the percentile bootstrap it replaced opened on 3 teacher-only wins and 5 ties of 8 (exact p 1/8) and opened
+    4.8 % of null checks at 8 prompts (gate_simulation.json). The price is evidence: a check opens only on at least 6
+    teacher-only wins (2^-6 <= 0.025 < 2^-5), so the smallest measured lift that can open it is 6 / `prompts`: 1.0 at
+    6 prompts, 0.75 at 8, 0.5 at 12, 0.375 at 16 (the default), 0.25 at 24, 0.1875 at 32, 0.125 at 48, 0.094 at 64
+    (`train.lift_gate.smallest_opening_lift`). So a check of 16 prompts rarely opens on a true lift of 0.2-0.3:
+    by benchmarks/science/gate_simulation.json (teacher and student answers independent / the teacher right wherever
+    the student is) a true lift of 0.2 opens 11 % / 8 % of 16-prompt checks and 0.3 opens 27 % / 34 %; at 32
+    prompts 28 % / 64 % and 62 % / 95 %; at 64 prompts 56 % / 99 % and 93 % / 100 %. Raise `prompts` where the
+    teacher's lift is expected to be small (each prompt beyond the step's own costs a group rollout and two greedy
+    answers). `mean` opens on any positive estimate (no test: with teacher = student, whenever chance favours the
+    teacher, up to nearly half the checks): more distillation, less evidence. `min_pairs` 8 keeps either rule from
+    deciding on a handful of prompts."""
 
     kind: Literal["off", "lift"] = Field(
         "off", description="`lift`: gate distillation on the teacher's measured lift; `off`: always distil."
@@ -174,15 +192,18 @@ class LiftGateConfig(ConfigBlock):
         ge=1,
         description="Train prompts a check tries at most: the step's own first, then a seeded draw, prompts_per_step "
         "at a time. A check stops early once even a context on every prompt left could not reach min_pairs. 16 is "
-        "the toolkit's: 4 of the CPU recipes' steps of rollouts when no prompt is the step's.",
+        "the toolkit's: 4 of the CPU recipes' steps of rollouts when no prompt is the step's. Under `lower_bound` "
+        "it sets the smallest measured lift that can open the gate, 6 / prompts (0.375 at 16, 0.1875 at 32), and "
+        "must be >= 6.",
     )
     min_pairs: int = Field(
         8, ge=1, description="Prompts with a teacher context needed before the gate can open (the rule's n)."
     )
     rule: Literal["lower_bound", "mean"] = Field(
         "lower_bound",
-        description="What opens the gate, with n >= min_pairs: `lower_bound` the lower end of the lift's paired 95 % "
-        "interval > 0 (the default: see the block's docstring), `mean` the lift > 0.",
+        description="What opens the gate, with n >= min_pairs: `lower_bound` the exact one-sided sign test on the "
+        "discordant prompts at 2.5 % (equivalently the exact 95 % interval of the teacher's share of them above 1/2; "
+        "the default: see the block's docstring), `mean` the lift > 0.",
     )
     max_new_tokens: int | None = Field(
         None, ge=1, description="Tokens of each greedy answer; default the stage's rollout.max_new_tokens."
@@ -194,6 +215,12 @@ class LiftGateConfig(ConfigBlock):
             raise ValueError(
                 f"min_pairs ({self.min_pairs}) is more than prompts ({self.prompts}): the gate could never open; "
                 "lower min_pairs or raise prompts"
+            )
+        if self.kind == "lift" and self.rule == "lower_bound" and self.prompts < FEWEST_OPENING_WINS:
+            raise ValueError(
+                f"prompts ({self.prompts}) is below {FEWEST_OPENING_WINS}, the fewest teacher-only wins on which the "
+                f"rule lower_bound (an exact one-sided test at {LIFT_GATE_LEVEL}) can open the gate: it could never "
+                f"open; raise prompts to {FEWEST_OPENING_WINS} or more, or use rule: mean"
             )
         return self
 

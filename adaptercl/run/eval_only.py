@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from adaptercl.adapters import check_weights
 from adaptercl.adapters import live as ad
 from adaptercl.domains import load_domain
 from adaptercl.measure import evaluate_all, loglikelihood_domains
@@ -40,7 +41,7 @@ from adaptercl.rollout import (
 )
 from adaptercl.run.preflight_checks import preflight
 from adaptercl.run_dir import BEFORE_DIR, SUMMARY_FILE, StageDir, open_finished_run
-from adaptercl.system import atomic_dir, read_record, write_json
+from adaptercl.system import atomic_dir, check_new_folder, read_record, write_json
 
 ADAPTER_CONFIG = "adapter_config.json"
 
@@ -85,6 +86,7 @@ def evaluate_adapters(
         if not (path / ADAPTER_CONFIG).is_file():
             what = "does not exist" if not path.exists() else f"has no {ADAPTER_CONFIG}"
             raise RecipeError(f"eval: --adapter {str(path)!r} {what}; name a PEFT adapter folder")
+        check_weights(path)  # a damaged copy: one line now, not a traceback once the base has loaded
         label, k = path.resolve().name, 2
         while label in labels:
             label, k = f"{path.resolve().name}-{k}", k + 1
@@ -102,8 +104,7 @@ def _evaluate(
 ) -> Path:
     notify = on_event or (lambda kind, **info: None)
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RecipeError(f"eval: --out {str(out)!r} exists and is not empty; choose a new folder")
+    check_new_folder(out, "eval")
     on_switch = (lambda record: None) if falls_back(recipe) else None  # auto: a failing vLLM goes on as hf, said
     recipe, choice = resolve_engine(recipe)  # rollout.engine auto: hf or vllm, said first
     preflight(recipe)

@@ -71,14 +71,15 @@ def preflight(recipe: RecipeConfig, contact_server: bool = True) -> list[str]:
     return data
 
 
-def check_output_dir(output_dir: str) -> None:
-    """The run directory, or the nearest part of its path that exists, must be a folder."""
+def check_output_dir(output_dir: str, field: str = "output_dir") -> None:
+    """The run directory, or the nearest part of its path that exists, must be a folder (`field`: what the error
+    names, e.g. a command's `--out`)."""
     path = Path(output_dir).expanduser()
     for part in (path, *path.parents):
         if part.exists():
             if not part.is_dir():
                 what = "is" if part == path else f"lies under {str(part)!r}, which is"
-                raise RecipeError(f"output_dir: {output_dir!r} {what} a file, not a folder; choose another output_dir")
+                raise RecipeError(f"{field}: {output_dir!r} {what} a file, not a folder; choose another {field}")
             return
 
 

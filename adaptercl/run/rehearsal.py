@@ -21,6 +21,7 @@ phase, what it asked for and the setting to change (`failure_line`); rehearsal.j
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import tempfile
@@ -36,6 +37,7 @@ from adaptercl.plan import REHEARSAL_KIND, REHEARSAL_VERSION, recipe_hash
 from adaptercl.recipe import RecipeConfig, RecipeError, StageConfig
 from adaptercl.rollout import RolloutServerError
 from adaptercl.run.phase_meter import PHASE_GROUPS, DeadlineReached, PhaseMeter
+from adaptercl.run.preflight_checks import check_output_dir
 from adaptercl.run.rehearsal_figures import EventLog, stage_figures, stage_of_spans
 from adaptercl.run.sequence import run_recipe
 from adaptercl.system import watching, write_json
@@ -139,6 +141,7 @@ def rehearse(recipe: RecipeConfig, out_dir: Path, minutes: float | None = None, 
     """Rehearse `recipe` (see the module docstring) and write `out_dir`/rehearsal.json; `source`: the file and
     overrides it came from, recorded; `command_s`: seconds the calling command ran before this call (`startup_s`).
     RecipeError and RolloutServerError pass through (the command's one line)."""
+    check_request(out_dir, minutes)
     import torch
 
     began = time.monotonic()
@@ -206,6 +209,15 @@ def rehearse(recipe: RecipeConfig, out_dir: Path, minutes: float | None = None, 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json(path, result)
     return Rehearsal(result, path, failure)
+
+
+def check_request(out_dir: Path, minutes: float | None) -> None:
+    """Refuse, before anything loads, a time limit that is not a finite number of minutes above 0 (0 would otherwise
+    mean the default) and an `out_dir` that is a file or lies under one (rehearsal.json could not be written after
+    the minutes were spent): one RecipeError line each."""
+    if minutes is not None and not (math.isfinite(minutes) and minutes > 0):
+        raise RecipeError(f"rehearse: --minutes must be a finite number of minutes above 0, got {minutes:g}")
+    check_output_dir(str(out_dir), "--out")
 
 
 def eval_sizes(recipe: RecipeConfig, run: RecipeConfig, before: dict[str, dict]) -> dict[str, Any]:

@@ -41,7 +41,7 @@ import yaml
 from adaptercl.adapters import stage_dir_name
 from adaptercl.recipe import RecipeConfig, RecipeError
 from adaptercl.run_dir import RunDir, open_finished_run
-from adaptercl.system import atomic_dir, read_record, write_json, write_text
+from adaptercl.system import atomic_dir, check_new_folder, read_record, write_json, write_text
 
 if TYPE_CHECKING:
     from adaptercl.model import HubSource
@@ -57,8 +57,7 @@ def export_run(run_dir: str | Path, out: str | Path, merged: bool = False) -> Pa
     out = Path(out)
     run, summary = open_finished_run(run_dir, "export")
     recipe = run.recipe
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise RecipeError(f"export: --out {str(out)!r} exists and is not empty; choose a new folder")
+    check_new_folder(out, "export")
     domains: list[str] = summary["domains"]
     accuracy: list[list[float]] = summary["accuracy"]  # [stages + 1, domains]; row 0 = before training
     hub = hub_source(recipe.model)

@@ -17,6 +17,10 @@ serves (`adapters.stacking.max_served_rank`), `--logprobs-mode processed_logprob
 its environment so the engine can load each adapter version. It resolves `auto` (dtype, quantization) on the
 machine it runs on: set them explicitly when the trainer's machine differs.
 
+`read_manifest` checks the manifest (typed: what the server reads) and every adapter folder it lists (config, and
+weights whose safetensors header parses and covers the file) before anything starts: an export edited, moved
+without all its files or cut short is one RecipeError line.
+
 The base is the manifest's `base_model` resolved on this machine as a recipe's `model.name` is (for built-in aliases
 the materialised local folder; a hub id as it is, with `--revision` when the manifest has one), served under the
 name of `base_model`; every adapter is served under its manifest name (the domain, or `combined`). A request names
@@ -39,6 +43,9 @@ import shlex
 import sys
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from adaptercl.adapters import check_weights
 from adaptercl.recipe import ModelConfig, RecipeConfig, RecipeError
 from adaptercl.rollout import CPU_KV_CACHE_BYTES, default_max_model_len, vllm_lora_rank
 from adaptercl.system import read_record
@@ -46,6 +53,56 @@ from adaptercl.system import read_record
 # The rollout server's environment: adapters are loaded and unloaded at runtime (/v1/load_lora_adapter).
 ROLLOUT_SERVER_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_NO_USAGE_STATS": "1"}
 ROLLOUT_SERVER_GPU_MEMORY = 0.9  # the server's GPUs are its own
+
+
+class _ManifestAdapter(BaseModel):
+    """An adapter entry of manifest.json as the server reads it (other fields kept as written)."""
+
+    model_config = ConfigDict(extra="allow")
+    name: str
+    path: str
+    rank: int = Field(ge=1)
+
+
+class _Manifest(BaseModel):
+    """What `serve` reads of an export's manifest.json (`ship/export.py` writes it): version 2 names the base by
+    `base_model`, version 1 by the exporting machine's `base_model_path`."""
+
+    model_config = ConfigDict(extra="allow")
+    version: int = 1
+    base_model: str
+    base_model_path: str | None = None
+    adapters: list[_ManifestAdapter]
+
+
+def read_manifest(export_dir: Path) -> dict:
+    """The export's manifest.json, checked for what `serve_command` reads, and every adapter folder it lists (config
+    and weights) present: one RecipeError line for a missing, damaged or edited manifest or a missing folder."""
+    manifest_file = export_dir / "manifest.json"
+    if not manifest_file.is_file():
+        raise RecipeError(f"serve: {str(export_dir)!r} has no manifest.json; make it with `adaptercl export`")
+    fix = "export the run again into a new folder (`adaptercl export RUN_DIR --out DIR`)"
+    manifest = read_record(manifest_file, fix)
+    try:
+        checked = _Manifest.model_validate(manifest)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise RecipeError(f"serve: {manifest_file} is damaged ({where}: {first['msg']}): {fix}") from None
+    if checked.version < 2 and checked.base_model_path is None:
+        raise RecipeError(f"serve: {manifest_file} (version 1) has no 'base_model_path': {fix}")
+    if not checked.adapters:
+        raise RecipeError(f"serve: {manifest_file} lists no adapters")
+    for entry in checked.adapters:
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            if not (export_dir / entry.path / name).is_file():
+                raise RecipeError(
+                    f"serve: adapter folder {entry.path!r} of {manifest_file} is missing"
+                    + ("" if not (export_dir / entry.path).is_dir() else f" its {name}")
+                    + "; copy the whole export folder, or export the run again"
+                )
+        check_weights(export_dir / entry.path)  # a copy cut short
+    return manifest
 
 
 def serve_command(
@@ -58,17 +115,8 @@ def serve_command(
     """The argv of vLLM's OpenAI server serving every adapter listed in `export_dir`/manifest.json."""
     export_dir = Path(export_dir)
     manifest_file = export_dir / "manifest.json"
-    if not manifest_file.is_file():
-        raise RecipeError(f"serve: {str(export_dir)!r} has no manifest.json; make it with `adaptercl export`")
-    manifest = read_record(
-        manifest_file, "export the run again into a new folder (`adaptercl export RUN_DIR --out DIR`)"
-    )
+    manifest = read_manifest(export_dir)
     adapters = manifest["adapters"]
-    if not adapters:
-        raise RecipeError(f"serve: {manifest_file} lists no adapters")
-    for entry in adapters:
-        if not (export_dir / entry["path"] / "adapter_config.json").is_file():
-            raise RecipeError(f"serve: adapter folder {entry['path']!r} of {manifest_file} is missing")
     base_path, revision = _served_base(manifest, manifest_file)
     widest = max(adapters, key=lambda entry: entry["rank"])
     max_lora_rank = vllm_lora_rank(widest["rank"], f"serve: adapter {widest['name']!r} of {manifest_file}")

@@ -14,6 +14,7 @@ from importlib import import_module
 _EXPORTS = {
     "append_line": "atomic",
     "atomic_dir": "atomic",
+    "check_new_folder": "atomic",
     "read_jsonl": "atomic",
     "read_record": "atomic",
     "recover_dir": "atomic",

@@ -11,6 +11,10 @@ again (a run directory's done.json, eval.json, summary.json, ..., an adapter's a
 manifest.json, a model folder's config.json): a file a full disk left empty, a copy cut short or a web page saved
 in its place is one `RecipeError` line naming the file and how to redo it, never a traceback and never taken as
 present.
+
+A command's output folder (`--out` of export, eval and merge) is checked before anything loads by
+`check_new_folder`: not a file, not under one, and new or empty, so a wrong `--out` is one line, not a traceback after
+the work or a folder replaced whole.
 """
 
 from __future__ import annotations
@@ -160,3 +164,17 @@ class atomic_dir:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(self.tmp, self.target)
+
+
+def check_new_folder(out: str | Path, command: str, replaceable: str | None = None) -> None:
+    """`command`'s `--out` must be a new or empty folder (or one holding the file `replaceable`, a command's own
+    earlier output it replaces whole), and neither a file nor under one: else one RecipeError line saying which."""
+    out = Path(out)
+    for part in (out, *out.parents):
+        if part.exists():
+            if not part.is_dir():
+                where = "is" if part == out else f"lies under {str(part)!r}, which is"
+                raise RecipeError(f"{command}: --out {str(out)!r} {where} a file; choose a new folder")
+            break
+    if out.is_dir() and any(out.iterdir()) and not (replaceable and (out / replaceable).is_file()):
+        raise RecipeError(f"{command}: --out {str(out)!r} exists and is not empty; choose a new folder")

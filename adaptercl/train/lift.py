@@ -7,11 +7,19 @@ Given a group rollout of some train prompts, already scored by the domain's rewa
 2. the teacher as it is now answers every teacher prompt that got a context greedily, and the student answers the
    plain prompts greedily; the domain's reward marks both. Identical prompts decode once (`greedy_correct`): an SDPO
    group whose failures are all shown the same sibling costs one teacher decode.
-Per prompt with at least one context (`lift_summary`, pure): t_p = the teacher's accuracy over that prompt's contexts,
-s_p = the student's greedy correctness. lift = mean_p (t_p − s_p) over those n prompts, with a paired percentile-
-bootstrap 95 % interval over prompts (`measure.paired_bootstrap_interval`). Greedy on both sides, the student's answer
-independent of the draw that gave the contexts: the rollouts' own correctness would compare a sampled student with
-a greedy teacher, and for a sibling context it is conditioned on a success in that very group.
+Per prompt with at least one context (`lift_evidence`, pure): t_p = the teacher's accuracy over that prompt's
+contexts, s_p = the student's greedy correctness. lift = mean_p (t_p − s_p) over those n prompts. The exact test the
+lift gate decides on needs one binary outcome a side per prompt: the teacher's answer on one of the prompt's contexts,
+picked uniformly by a seeded draw that sees only how many contexts each prompt has. Its expectation is t_p, so a
+teacher-only win (picked answer right, student wrong) is at least as likely as a student-only win exactly when the
+teacher is at least as accurate as the student: the one-sided sign test on those discordant prompts
+(`measure.stats.sign_test_p`, ties dropped) is an exact test of lift <= 0 at any n. Counting t_p > s_p instead
+would not be: a prompt with k contexts, each right with the student's own accuracy q, would be a teacher win with
+chance (1 − q)(1 − (1 − q)^k) and a student win with q(1 − q^k), unequal for k > 1. `lift_summary` adds a
+descriptive paired percentile-bootstrap 95 % interval of the lift over prompts (`measure.paired_bootstrap_interval`;
+with fewer than ~20 prompts it is narrower than it should be, so nothing decides on it). Greedy on both sides, the
+student's answer independent of the draw that gave the contexts: the rollouts' own correctness would compare a
+sampled student with a greedy teacher, and for a sibling context it is conditioned on a success in that very group.
 
 Which adapters decode as the teacher (`teacher_adapters`): its own adapter over the frozen earlier ones (None: the
 base). A trust-region teacher mixes logits, which no engine decodes: its stage-start copy stands for it, exact at the
@@ -32,7 +40,7 @@ from typing import Any, TypeVar
 import torch
 
 from adaptercl.domains import Domain, Example, RewardResult, is_success
-from adaptercl.measure import paired_bootstrap_interval
+from adaptercl.measure import paired_bootstrap_interval, sign_test_p
 from adaptercl.model import encode_chat
 from adaptercl.rollout import Completion, RolloutEngine, SamplingParams
 from adaptercl.teacher import TEACHER_PROMPTS, Teacher, TeacherPrompts
@@ -163,6 +171,40 @@ def greedy_correct(
     return [bool(r.correct) for r in domain.score([c.text for c in chosen], [c.token_ids for c in chosen], examples)]
 
 
+def lift_evidence(
+    prompt_of: Sequence[int], teacher_correct: Sequence[bool], student_correct: Sequence[bool | None], seed: int = 0
+) -> dict[str, Any]:
+    """The lift and its exact test from the samples that had a context (pure; see the module docstring).
+
+    prompt_of[i], teacher_correct[i]: sample i's prompt index and whether the teacher's greedy answer to its teacher
+    prompt was correct; student_correct[p]: the student's greedy answer to prompt p; `seed`: the draw of one context
+    per prompt. Returns n (prompts with a context), teacher_accuracy, student_accuracy and lift (None where n = 0),
+    teacher_wins and student_wins (discordant prompts of the picked answers) and sign_test_p (one-sided, ties
+    dropped; 1.0 without a discordant prompt).
+    """
+    per_prompt: dict[int, list[bool]] = {}
+    for p, correct in zip(prompt_of, teacher_correct):
+        per_prompt.setdefault(p, []).append(bool(correct))
+    n = len(per_prompt)
+    contexts = torch.tensor([len(v) for v in per_prompt.values()], dtype=torch.float64)  # [n]
+    uniform = torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)  # [n]
+    pick = torch.minimum((uniform * contexts).long(), contexts.long() - 1).tolist()  # [n] in 0..k_p - 1
+    t = [sum(v) / len(v) for v in per_prompt.values()]  # [n] teacher accuracy per prompt
+    s = [bool(student_correct[p]) for p in per_prompt]  # [n]
+    picked = [v[k] for v, k in zip(per_prompt.values(), pick)]  # [n] one teacher answer per prompt
+    wins = sum(a and not b for a, b in zip(picked, s))
+    losses = sum(b and not a for a, b in zip(picked, s))
+    return {
+        "n": n,
+        "teacher_accuracy": sum(t) / n if n else None,
+        "student_accuracy": sum(s) / n if n else None,
+        "lift": (sum(t) - sum(s)) / n if n else None,
+        "teacher_wins": wins,
+        "student_wins": losses,
+        "sign_test_p": sign_test_p(wins, losses),
+    }
+
+
 def lift_summary(
     prompt_of: list[int],
     kinds: list[str],
@@ -170,29 +212,22 @@ def lift_summary(
     student_correct: Sequence[bool | None],
     seed: int = 0,
 ) -> dict[str, Any]:
-    """Teacher lift from the samples that had a context (pure; see the module docstring).
+    """`lift_evidence` with the lift's descriptive bootstrap interval, overall and per context kind (pure).
 
-    prompt_of[i], kinds[i], teacher_correct[i]: sample i's prompt index, context kind and whether the teacher's
-    greedy answer to its teacher prompt was correct; student_correct[p]: the student's greedy answer to prompt p.
-    Returns n (prompts), teacher_accuracy, student_accuracy, lift, lift_ci95 ([lo, hi]) and by_context (the same
-    per context kind); accuracies are None where n = 0.
+    kinds[i]: what sample i's teacher prompt shows (the rest as `lift_evidence`). Returns `lift_evidence`'s figures,
+    lift_ci95 ([lo, hi], the paired percentile bootstrap over prompts; None where n = 0) and by_context (the same per
+    context kind).
     """
 
     def summarise(rows: list[int]) -> dict[str, Any]:
+        prompts, teacher = [prompt_of[i] for i in rows], [teacher_correct[i] for i in rows]
+        evidence = lift_evidence(prompts, teacher, student_correct, seed)
         per_prompt: dict[int, list[bool]] = {}
         for i in rows:
             per_prompt.setdefault(prompt_of[i], []).append(teacher_correct[i])
-        t = [sum(v) / len(v) for v in per_prompt.values()]  # [n] teacher accuracy per prompt
-        s = [float(student_correct[p]) for p in per_prompt]  # [n]
-        interval = paired_bootstrap_interval([a - b for a, b in zip(t, s)], seed=seed)
-        n = len(t)
-        return {
-            "n": n,
-            "teacher_accuracy": sum(t) / n if n else None,
-            "student_accuracy": sum(s) / n if n else None,
-            "lift": (sum(t) - sum(s)) / n if n else None,
-            "lift_ci95": None if interval is None else list(interval),
-        }
+        lifts = [sum(v) / len(v) - float(student_correct[p]) for p, v in per_prompt.items()]  # [n] t_p - s_p
+        interval = paired_bootstrap_interval(lifts, seed=seed)
+        return {**evidence, "lift_ci95": None if interval is None else list(interval)}
 
     rows = list(range(len(prompt_of)))
     by_context = {kind: summarise([i for i in rows if kinds[i] == kind]) for kind in sorted(set(kinds))}

@@ -14,13 +14,21 @@ What (`measure_lift`): the paired measurement of `lift.py` (the `teacher_lift` d
 context against the student, both greedy, on the same prompts) on at most `prompts` train prompts of the stage's
 domain, never its eval set. First the step's own prompts: their rollouts exist already, so their contexts cost no
 generation. Then a seeded draw of further train prompts (not the step's), a group rollout each at the rollout's
-settings, `optim.prompts_per_step` prompts at a time. Greedy answers are cut at `max_new_tokens` (default the
+settings, `optim.prompts_per_step` prompts at a time, seeded by the `lift_gate.rollout` call family
+(`context.family_seed`: never a training row's seed). Greedy answers are cut at `max_new_tokens` (default the
 rollout's). It stops early once even a context on every prompt left could not bring n to `min_pairs`: a teacher
 that gets no context (SDPO where nothing succeeds) costs a few chunks, not the budget.
 
 Rule (`passes`, pure; `GATE_RULES`): n >= `min_pairs` prompts with a context and
-- `lower_bound` (default): the lower end of the paired 95 % bootstrap interval of the lift > 0;
-- `mean`: the lift's point estimate > 0.
+- `lower_bound` (default): the exact one-sided sign test on the discordant prompts (`lift.lift_evidence`: teacher-only
+  wins against student-only wins, ties dropped) rejects "no lift" at `LIFT_GATE_LEVEL` 2.5 %, the level the rule had
+  as the lower end of a two-sided 95 % interval; equivalently the exact (Clopper–Pearson) 95 % interval of the
+  teacher's share of the discordant prompts lies above 1/2. It replaced a percentile-bootstrap interval of the lift,
+  which over 8-16 outcomes in {−1, 0, 1} opened without lift several times more often than 2.5 % (3 teacher-only wins
+  and 5 ties of 8 opened it; their exact p is 1/8). A check opens it only with at least 6 teacher-only wins
+  (2^-6 <= 0.025 < 2^-5): `smallest_opening_lift`; benchmarks/science/gate_simulation.py measures its false-open
+  rate and power through `lift_evidence` and `passes`;
+- `mean`: the lift's point estimate > 0 (no test: with teacher = student it opens nearly half the time).
 A closed gate is the safe side: GRPO on the same rollouts is the method every distilling method is measured against,
 so distillation has to show its teacher knows more (docs: `recipe.method_blocks.LiftGateConfig`).
 
@@ -31,8 +39,9 @@ following the student as its kind says (EMA, refreshes): its schedule is the tea
 
 Logged (metrics.jsonl): `lift_gate_open` at every step (whether that step distilled); at a check also
 `lift_gate_check` 1, `lift_gate_prompts` (tried), `lift_gate_n`, `lift_gate_lift`, `lift_gate_lift_lo`,
-`lift_gate_lift_hi`, `lift_gate_teacher_accuracy`, `lift_gate_student_accuracy` (these six absent when n = 0) and
-`lift_gate_seconds`.
+`lift_gate_lift_hi` (the lift's descriptive bootstrap interval), `lift_gate_teacher_accuracy`,
+`lift_gate_student_accuracy`, `lift_gate_teacher_wins`, `lift_gate_student_wins`, `lift_gate_p` (the sign test's;
+these nine absent when n = 0) and `lift_gate_seconds`.
 
 State: whether the gate is open and the step of its last check (`state`, `load_state`), in the stage's checkpoint;
 the measurement is a function of the weights, the step and seeds of its own, and runs `isolated` (global RNGs
@@ -49,28 +58,44 @@ from dataclasses import dataclass
 from typing import Any
 
 from adaptercl.domains import Example, RewardResult
-from adaptercl.recipe import METHODS, LiftGateConfig, StageConfig
+from adaptercl.measure import sign_test_p
+from adaptercl.recipe import LIFT_GATE_LEVEL, METHODS, LiftGateConfig, StageConfig
 from adaptercl.rollout import Completion, SamplingParams
 from adaptercl.system import distributed
-from adaptercl.train.context import StageContext, rollout_sampling, step_seed
+from adaptercl.train.context import StageContext, family_seed, rollout_sampling
 from adaptercl.train.lift import isolated, lift_summary, paired_answers, scored_rollout, seeded_sample
 
-# step_seed offsets of the gate's own draws (the stage's: 1_000_000 data order, 2_000_000 distillation mask, 3_000_000
-# replay; the diagnostics': 4_000_000, 4_000_001, 5_000_000), plus the step
-GATE_PROMPTS_SEED = 6_000_000
-GATE_ROLLOUT_SEED = 7_000_000
+# call families of the gate's own draws (`context.family_seed`), each seeded per check step
+GATE_PROMPTS = "lift_gate.prompts"  # which further train prompts a check draws
+GATE_ROLLOUT = "lift_gate.rollout"  # their group rollouts
+GATE_PICK = "lift_gate.pick"  # which context of a prompt the sign test reads (`lift.lift_evidence`)
 
 Group = tuple[Example, list[Completion], list[RewardResult]]  # one prompt, its G rollouts and their rewards
 
 GATE_RULES: dict[str, Callable[[dict[str, Any]], bool]] = {
-    "lower_bound": lambda summary: summary["lift_ci95"][0] > 0.0,
+    "lower_bound": lambda summary: summary["sign_test_p"] <= LIFT_GATE_LEVEL,
     "mean": lambda summary: summary["lift"] > 0.0,
 }
 
 
 def passes(summary: dict[str, Any], rule: str, min_pairs: int) -> bool:
-    """Whether a lift measurement (`lift.lift_summary`) opens the gate: n >= min_pairs and the rule holds."""
+    """Whether a lift measurement (`lift.lift_evidence`, or `lift_summary` which holds it) opens the gate:
+    n >= min_pairs and the rule holds."""
     return summary["n"] >= min_pairs and GATE_RULES[rule](summary)
+
+
+def smallest_opening_lift(prompts: int, level: float = LIFT_GATE_LEVEL) -> float | None:
+    """The smallest measured lift with which a check of at most `prompts` prompts (one context each) can pass the
+    `lower_bound` rule, or None where none can (pure). Over d discordant prompts of n, the sign test passes from w*(d)
+    teacher-only wins on (the fewest with `sign_test_p`(w, d − w) <= level); the lift is then (2 w*(d) − d) / n,
+    smallest at n = prompts (with min_pairs <= prompts, which the config checks). At 2.5 %: d = w = 6 at every
+    prompts >= 6, so 6 / prompts."""
+    steps = []
+    for d in range(1, prompts + 1):
+        wins = next((w for w in range(d + 1) if sign_test_p(w, d - w) <= level), None)
+        if wins is not None:
+            steps.append(2 * wins - d)
+    return min(steps) / prompts if steps else None
 
 
 @dataclass
@@ -122,6 +147,9 @@ def evidence(summary: dict[str, Any], tried: int) -> dict[str, float]:
             lift_gate_lift_hi=hi,
             lift_gate_teacher_accuracy=summary["teacher_accuracy"],
             lift_gate_student_accuracy=summary["student_accuracy"],
+            lift_gate_teacher_wins=float(summary["teacher_wins"]),
+            lift_gate_student_wins=float(summary["student_wins"]),
+            lift_gate_p=summary["sign_test_p"],
         )
     return out
 
@@ -148,7 +176,7 @@ def measure_lift(ctx: StageContext, step: int, own_indices: list[int], own: list
     greedy = SamplingParams(max_new_tokens=cfg.max_new_tokens or stage.rollout.max_new_tokens, greedy=True)
     taken = set(own_indices)
     others = [i for i in range(len(ctx.domain.train)) if i not in taken]
-    drawn = seeded_sample(others, cfg.prompts - min(cfg.prompts, len(own)), step_seed_of(ctx, GATE_PROMPTS_SEED, step))
+    drawn = seeded_sample(others, cfg.prompts - min(cfg.prompts, len(own)), gate_seed(ctx, GATE_PROMPTS, step))
     prompt_of, kinds, teacher, student, tried = [], [], [], [], 0
     with isolated(ctx.model):
         for groups in _chunks(ctx, step, own[: cfg.prompts], drawn):
@@ -164,11 +192,12 @@ def measure_lift(ctx: StageContext, step: int, own_indices: list[int], own: list
             if len(set(prompt_of)) + (cfg.prompts - tried) < cfg.min_pairs:
                 break  # the gate cannot open on this check whatever the prompts left show
     ctx.engine.sleep()  # a colocated vLLM frees the card for the training step again (no-op for hf)
-    return lift_summary(prompt_of, kinds, teacher, student), tried
+    return lift_summary(prompt_of, kinds, teacher, student, seed=gate_seed(ctx, GATE_PICK, step)), tried
 
 
-def step_seed_of(ctx: StageContext, offset: int, step: int) -> int:
-    return step_seed(ctx.recipe.seed, ctx.index, offset + step)
+def gate_seed(ctx: StageContext, family: str, step: int) -> int:
+    """The seed of the gate's `family` draw at the check of `step` (`context.family_seed`)."""
+    return family_seed(family, ctx.recipe.seed, ctx.index, step)
 
 
 def _chunks(ctx: StageContext, step: int, own: list[Group], drawn: list[int]) -> Iterator[list[Group]]:
@@ -185,7 +214,7 @@ def _roll_out(ctx: StageContext, examples: list[Example], step: int, first_row: 
     """A group rollout of `examples` from the student at the rollout's settings, seeded by the check's step (rows
     numbered from `first_row` x G, so each chunk samples with seeds of its own), scored by the domain's reward."""
     group = ctx.stage.rollout.group_size
-    params = rollout_sampling(ctx.stage, step_seed_of(ctx, GATE_ROLLOUT_SEED, step), first_row=first_row * group)
+    params = rollout_sampling(ctx.stage, gate_seed(ctx, GATE_ROLLOUT, step), first_row=first_row * group)
     completions, results = scored_rollout(ctx, examples, params)  # [P x G]
     return [
         (ex, completions[k * group : (k + 1) * group], results[k * group : (k + 1) * group])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -92,13 +93,74 @@ def test_union_of_modules_and_rank_truncation_are_reported(adapters, tmp_path):
         (["merge", "A", "A", "--weights", "1", "--out", "X"], "1 weights for 2 adapters"),
         (["merge", "A", "--method", "average", "--out", "X"], "unknown method 'average'"),
         (["merge", "A", "--weights", "one", "--out", "X"], "comma-separated numbers"),
+        # issue 45, round four
+        (["merge", "A", "A", "--rank", "0", "--out", "X"], "merge: rank must be >= 1, got 0"),  # was: the default
+        (["merge", "A", "A", "--weights", "nan,1", "--out", "X"], "--weights must be finite numbers, got nan,1"),
+        (["merge", "A", "A", "--density", "-0.5", "--out", "X"], "density must be in (0, 1], got -0.5"),
+        (
+            ["merge", "A", "B", "--out", "A"],
+            "is one of the adapters it merges; choose a new folder",
+        ),  # was: A replaced
+        (["merge", "A", "B", "--out", "FILE"], "is a file; choose a new folder"),
+        (["merge", "A", "B", "--out", "FILE/x"], "lies under"),
+        (["merge", "A", "B", "--out", "FULL"], "exists and is not empty; choose a new folder"),  # was: replaced whole
+        (
+            ["merge", "ROOT", "--out", "X"],
+            "not a PEFT adapter folder (no adapter_config.json); it holds adapter folders (a, b): name those",
+        ),  # fmt: skip
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(adapters, tmp_path, capsys, args, message):
-    args = [str(adapters / "a") if a == "A" else str(tmp_path / "x") if a == "X" else a for a in args]
+    (tmp_path / "FILE").write_text("mine")
+    (tmp_path / "FULL").mkdir()
+    (tmp_path / "FULL" / "notes.txt").write_text("mine")
+    names = {"A": adapters / "a", "B": adapters / "b", "X": tmp_path / "x", "ROOT": adapters}
+    args = [str(names.get(a, tmp_path / a if a in ("FILE", "FILE/x", "FULL") else a)) for a in args]
+    before = {p: p.read_bytes() for p in adapters.rglob("*") if p.is_file()}
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    # nothing written or replaced: no output, the inputs and the user's files as they were
+    assert not (tmp_path / "x").exists() and (tmp_path / "FILE").read_text() == "mine"
+    assert [p.name for p in (tmp_path / "FULL").iterdir()] == ["notes.txt"]
+    assert {p: p.read_bytes() for p in adapters.rglob("*") if p.is_file()} == before
+
+
+def test_adapters_of_different_bases_are_refused_unless_allowed(adapters, tmp_path, capsys):
+    other = tmp_path / "other"
+    shutil.copytree(adapters / "b", other)
+    config = json.loads((other / "adapter_config.json").read_text())
+    base = config["base_model_name_or_path"]
+    config["base_model_name_or_path"] = "someone/other-model"
+    (other / "adapter_config.json").write_text(json.dumps(config))
+    a, out = str(adapters / "a"), tmp_path / "merged"
+    assert main(["merge", a, str(other), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"different base models, {base!r} ({a}) and 'someone/other-model' ({other})" in err
+    assert "--allow-different-bases" in err and not out.exists()
+    # allowed (a base and its fine-tune): the same merge as of two adapters of one base
+    assert main(["merge", a, str(other), "--out", str(out), "--allow-different-bases"]) == 0
+    assert main(["merge", a, str(adapters / "b"), "--out", str(tmp_path / "same")]) == 0
+    merged, same = read_adapter_folder(out).deltas(), read_adapter_folder(tmp_path / "same").deltas()
+    assert merged.keys() == same.keys() and all(torch.equal(merged[m], same[m]) for m in same)
+
+
+def test_damaged_weights_are_one_line_and_an_earlier_merge_is_replaced(adapters, tmp_path, capsys):
+    # a copy cut short and a file overwritten: safetensors' header check, before anything is merged
+    for name, cut in (("cut", lambda data: data[: len(data) // 2]), ("garbage", lambda data: b"garbage")):
+        broken = tmp_path / name
+        shutil.copytree(adapters / "a", broken)
+        weights = broken / "adapter_model.safetensors"
+        weights.write_bytes(cut(weights.read_bytes()))
+        assert main(["merge", str(broken), str(adapters / "b"), "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {weights} is damaged (") and err.count("\n") == 1
+        assert not (tmp_path / "x").exists()
+    # rerunning a merge into its own earlier output replaces it (merge_report.json marks it as one)
+    out = tmp_path / "merged"
+    assert main(["merge", str(adapters / "a"), "--weights", "1", "--out", str(out)]) == 0
+    assert main(["merge", str(adapters / "a"), "--weights", "2", "--out", str(out)]) == 0
+    assert json.loads((out / "merge_report.json").read_text())["weights"] == [2.0]
 
 
 def test_merging_a_merge_initialised_stage_with_one_it_merged_warns_of_the_double_count(tmp_path, capsys):

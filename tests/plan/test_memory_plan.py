@@ -178,6 +178,25 @@ def test_a_plan_that_does_not_fit_names_the_fields_and_exits_1(capsys):
     assert "to fit train: stages.math.optim.grad_accum=" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--gpu-memory", "0"], "plan: --gpu-memory must be a number of GiB above 0, got 0"),
+        (["--gpu-memory", "-3"], "got -3"),
+        (["--gpu-memory", "nan"], "got nan"),
+        (["--gpu-memory", "inf"], "got inf"),
+        (["--prompt-tokens", "0"], "plan: --prompt-tokens must be at least 1, got 0"),
+        (["--prompt-tokens", "-5"], "got -5"),
+    ],
+)
+def test_a_card_or_prompt_size_that_is_no_size_is_one_line_and_exit_2(capsys, flags, message):
+    # each used to print a plan: a -3 GiB card, prompts of at most -5 tokens
+    assert main(["recipe", "plan", str(REPO / "recipes" / "quickstart.yaml"), *flags]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("error: ") and message in captured.err
+    assert captured.err.count("\n") == 1
+
+
 def test_unknown_hub_id_is_one_line_and_exit_2(capsys):
     path = REPO / "recipes" / "hybrid.yaml"
     assert main(["recipe", "plan", str(path), "model.name=someone/unknown-7b"]) == 2

@@ -119,8 +119,13 @@ def test_qwen3_5_all_linear_adapts_the_gated_deltanet_projections_too():
 
 
 # recipe plan recipes/hybrid.yaml model.name=<id>: the README's table of the flagship on the papers' models
-PLANNED = ["Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-8B", "Qwen/Qwen3.5-4B",
-           "Qwen/Qwen3.5-9B"]
+PLANNED = [
+    "Qwen/Qwen2.5-7B-Instruct",
+    "Qwen/Qwen3-4B-Instruct-2507",
+    "Qwen/Qwen3-8B",
+    "Qwen/Qwen3.5-4B",
+    "Qwen/Qwen3.5-9B",
+]
 
 
 def readme_row(model: str) -> str:

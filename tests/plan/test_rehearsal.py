@@ -133,6 +133,44 @@ def test_a_file_that_is_not_a_rehearsal_is_one_line(tmp_path, capsys):
     assert err.count("\n") == 1 and err.startswith("error: --rehearsal:") and "does not exist" in err
 
 
+def damage(data: dict, how: str) -> dict:
+    """A rehearsal edited or cut short the way `how` says (a statement on `data` and its stage `one`)."""
+    one = data["stages"]["one"]
+    exec(how, {"data": data, "one": one})
+    return data
+
+
+@pytest.mark.parametrize(
+    ("how", "message"),
+    [
+        ("del data['stages']", "(stages: Field required)"),
+        ("data['stages'] = []", "(stages: Input should be a valid dictionary)"),
+        ("del one['steps'][1]['tokens']", "(stages.one.steps.1.tokens: Field required)"),
+        ("one['steps'][0]['sequences'] = 0", "(stages.one.steps.0.sequences: Input should be greater than 0)"),
+        ("one['stage_kl'] = {'seconds': 2.0}", "(stages.one.stage_kl.prompts: Field required)"),
+        ("data['eval_before']['arith']['examples'] = 'four'", "(eval_before.arith.examples: Input should be a valid"),
+        ("data['seconds'] = {'load': 'slow'}", "(seconds.load: Input should be a valid number"),
+    ],
+)
+def test_a_rehearsal_edited_or_cut_short_is_one_line(tmp_path, capsys, how, message):
+    # each used to be a KeyError / TypeError / ZeroDivisionError traceback from the wall time's arithmetic
+    recipe_file = tmp_path / "tiny.yaml"
+    recipe_file.write_text(yaml.safe_dump(RAW))
+    data = damage(rehearsal(resolve_recipe(copy.deepcopy(RAW))), how)
+    (tmp_path / "rehearsal.json").write_text(json.dumps(data))
+    assert main(["recipe", "plan", str(recipe_file), "--rehearsal", str(tmp_path / "rehearsal.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --rehearsal: ") and "is damaged " + message in err and err.count("\n") == 1
+
+
+def test_a_rehearsal_folder_is_named_as_one(tmp_path, capsys):
+    recipe_file = tmp_path / "tiny.yaml"
+    recipe_file.write_text(yaml.safe_dump(RAW))
+    assert main(["recipe", "plan", str(recipe_file), "--rehearsal", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: --rehearsal: {str(tmp_path)!r} is a folder; pass the rehearsal.json in it\n"
+
+
 def test_a_part_nothing_rehearsed_is_the_time_models_and_labelled_so():
     from adaptercl.plan import plan_recipe
 

@@ -127,6 +127,12 @@ def test_distillation_aggregation_defaults_per_method_and_an_explicit_one_wins(m
             "stages.b.distill.gate: min_pairs (8) is more than prompts (4): the gate could never open; "
             "lower min_pairs or raise prompts",
         ),
+        (  # the exact test needs 6 teacher-only wins (2^-6 <= 0.025 < 2^-5): 5 prompts can never open it
+            lambda r: r["stages"][1].update(distill={"gate": {"kind": "lift", "prompts": 5, "min_pairs": 5}}),
+            "stages.b.distill.gate: prompts (5) is below 6, the fewest teacher-only wins on which the rule "
+            "lower_bound (an exact one-sided test at 0.025) can open the gate: it could never open; raise prompts "
+            "to 6 or more, or use rule: mean",
+        ),
         (
             lambda r: r["stages"][1].update(distill={"gate": {"kind": "lift", "rule": "median"}}),
             "stages.b.distill.gate.rule: Input should be 'lower_bound' or 'mean'",

@@ -106,8 +106,11 @@ def test_recipe_validate_accepts_a_server_recipe_and_refuses_a_malformed_url(tmp
 
 
 def test_parallel_sizes_reach_the_serve_command_lines(tmp_path, capsys):
+    from safetensors.torch import save_file
+
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "adapter_config.json").write_text("{}")
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "a" / "adapter_model.safetensors"))  # an export's folder: whole
     manifest = {
         "base_model": "b",
         "base_model_path": str(tmp_path),

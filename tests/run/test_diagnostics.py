@@ -79,6 +79,9 @@ def test_lift_summary_pairs_per_prompt_by_hand():
     assert out["lift"] == pytest.approx(0.5)
     lo, hi = out["lift_ci95"]
     assert lo <= 0.5 <= hi
+    # the exact test's outcomes, one context a prompt: prompts 1 and 2 teacher-only wins, prompt 0 a tie or a
+    # student-only win as the seeded pick reads its right or its wrong context: p = P(X >= 2 | Bin(2 or 3, 1/2))
+    assert out["teacher_wins"] == 2 and (out["student_wins"], out["sign_test_p"]) in ((0, 0.25), (1, 0.5))
     sibling, feedback = out["by_context"]["sibling"], out["by_context"]["feedback"]
     assert (sibling["n"], sibling["lift"], sibling["lift_ci95"]) == (1, -0.5, [-0.5, -0.5])
     assert (feedback["n"], feedback["lift"]) == (2, 1.0)
@@ -89,6 +92,9 @@ def test_lift_summary_pairs_per_prompt_by_hand():
         "teacher_accuracy": None,
         "student_accuracy": None,
         "lift": None,
+        "teacher_wins": 0,
+        "student_wins": 0,
+        "sign_test_p": 1.0,
         "lift_ci95": None,
         "by_context": {},
     }

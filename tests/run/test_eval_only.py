@@ -82,6 +82,16 @@ def test_bad_input_is_one_line(finished, tmp_path, capsys):
     (tmp_path / "ev" / "x").write_text("")
     assert "exists and is not empty" in error(["eval", "--run", str(finished), *out])
     assert "name a recipe" in error(["eval", "--adapter", str(empty), *out])
+    # issue 45: an --out under a file (was a traceback after every evaluation), an adapter whose weights a copy cut
+    # short (was a traceback once the base had loaded)
+    (tmp_path / "file").write_text("mine")
+    assert "lies under" in error(["eval", "--run", str(finished), "--out", str(tmp_path / "file" / "x")])
+    cut = tmp_path / "cut"
+    shutil.copytree(finished / "stage-01-one" / "adapter", cut)
+    (cut / "adapter_model.safetensors").write_bytes((cut / "adapter_model.safetensors").read_bytes()[:100])
+    assert main(["eval", str(recipe_file), "--adapter", str(cut), "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {cut / 'adapter_model.safetensors'} is damaged (") and err.count("\n") == 1
     other = tiny_recipe(tmp_path)
     other["model"]["dtype"] = "bfloat16"
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))

@@ -127,3 +127,34 @@ def test_the_minutes_count_from_the_command_not_from_a_long_lived_process(monkey
     assert rehearsal.startup_s(0.4) == 0.4  # only the command's own time (it used to be 300 s: no phase would open)
     monkeypatch.setattr(rehearsal, "process_age_s", lambda: None)  # no /proc
     assert rehearsal.startup_s(0.4) == 0.4
+
+
+# ------------------------------------------------------------------------------------- bad input (issue 45)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--minutes", "0"], "rehearse: --minutes must be a finite number of minutes above 0, got 0"),
+        (["--minutes", "-3"], "rehearse: --minutes must be a finite number of minutes above 0, got -3"),
+        (["--minutes", "nan"], "got nan"),
+        (["--minutes", "inf"], "got inf"),
+        (["--out", "FILE"], "--out: 'FILE' is a file, not a folder; choose another --out"),
+        (["--out", "FILE/sub"], "--out: 'FILE/sub' lies under 'FILE', which is a file, not a folder"),
+    ],
+)
+def test_a_bad_limit_or_out_is_one_line_before_anything_loads(tmp_path, scratch, capsys, monkeypatch, flags, message):
+    from adaptercl.run import rehearsal
+
+    def loads(*args, **kwargs):
+        raise AssertionError("the rehearsal started")
+
+    monkeypatch.setattr(rehearsal, "run_recipe", loads)  # the first thing that would load the model
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("mine")
+    recipe_file = tiny_recipe(tmp_path)
+    assert main(["recipe", "rehearse", recipe_file, *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1
+    assert (tmp_path / "FILE").read_text() == "mine" and not (tmp_path / "run-rehearsal").exists()
+    assert list(scratch.iterdir()) == []  # no temporary run folder either

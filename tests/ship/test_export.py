@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from peft import PeftModel
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from adaptercl.cli import main
 from adaptercl.model.base import SMOLLM2_HUB_ID as HUB_ID
@@ -113,6 +113,13 @@ def test_bad_inputs_are_one_line_errors(exported, tmp_path, capsys):
     assert err.startswith("error: export:") and err.count("\n") == 1
     assert main(["serve", str(tmp_path), "--print-command"]) == 2
     assert "no manifest.json" in capsys.readouterr().err
+    # an --out that is a file or lies under one: one line before anything is read (was a FileExistsError traceback)
+    (tmp_path / "file").write_text("mine")
+    for target, says in (("file", "is a file"), ("file/x", "lies under")):
+        assert main(["export", str(run), "--out", str(tmp_path / target)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: export: --out") and says in err and err.count("\n") == 1
+    assert (tmp_path / "file").read_text() == "mine"
 
 
 def test_print_command_names_every_adapter(exported, capsys):
@@ -129,6 +136,7 @@ def test_print_command_names_every_adapter(exported, capsys):
 def test_serve_names_the_adapter_whose_rank_vllm_cannot_hold(tmp_path):
     (tmp_path / "wide").mkdir()
     (tmp_path / "wide" / "adapter_config.json").write_text("{}")
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "wide" / "adapter_model.safetensors"))  # weights, whole
     manifest = {
         "base_model": "b",
         "base_model_path": str(tmp_path),
@@ -259,11 +267,68 @@ def test_a_card_of_an_alias_shows_both_loads_and_the_local_one_runs_offline(hub_
 def test_serve_names_a_local_base_that_is_not_on_this_machine(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "adapter_config.json").write_text("{}")
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "a" / "adapter_model.safetensors"))
     manifest = {"version": 2, "base_model": str(tmp_path / "gone"), "base_model_id": None, "base_model_revision": None}
     manifest["adapters"] = [{"name": "a", "path": "a", "rank": 4}]
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(RecipeError, match=r"^serve: the base '.*gone' of .*manifest.json is not on this machine \("):
         serve_command(tmp_path)
+
+
+def synthetic_export(root: Path) -> Path:
+    """An export folder as `adaptercl export` writes it, by hand: two adapter folders (config and a small but whole
+    safetensors file) and a version-2 manifest."""
+    for name in ("arith", "mcq"):
+        (root / name).mkdir(parents=True)
+        (root / name / "adapter_config.json").write_text(json.dumps({"r": 4, "lora_alpha": 8}))
+        save_file({"x.lora_A.weight": torch.zeros(4, 8)}, str(root / name / "adapter_model.safetensors"))
+    entries = [{"name": n, "domain": n, "path": n, "rank": 4} for n in ("arith", "mcq")]
+    manifest = {"version": 2, "base_model": "tiny-random", "base_model_id": None, "adapters": entries}
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ("del m['adapters']", "is damaged (adapters: Field required)"),
+        ("m['adapters'] = {}", "is damaged (adapters: Input should be a valid list)"),
+        ("del m['adapters'][0]['path']", "is damaged (adapters.0.path: Field required)"),
+        ("del m['adapters'][1]['rank']", "is damaged (adapters.1.rank: Field required)"),
+        ("m['adapters'][0]['rank'] = 'four'", "is damaged (adapters.0.rank: Input should be a valid integer"),
+        ("del m['base_model']", "is damaged (base_model: Field required)"),
+        ("m['version'] = 1", "(version 1) has no 'base_model_path'"),
+        ("m['adapters'] = []", "lists no adapters"),
+        ("m['adapters'][1]['path'] = 'elsewhere'", "adapter folder 'elsewhere' of "),
+    ],
+)
+def test_a_manifest_edited_or_of_another_shape_is_one_line(tmp_path, capsys, edit, message):
+    # each but the last two used to be a KeyError or TypeError traceback
+    export = synthetic_export(tmp_path / "shipped")
+    manifest = json.loads((export / "manifest.json").read_text())
+    exec(edit, {"m": manifest})
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    assert main(["serve", str(export), "--print-command"]) == 2
+    captured = capsys.readouterr()
+    assert (
+        captured.out == ""
+        and captured.err.startswith("error: serve: ")
+        and str(export / "manifest.json") in captured.err
+    )
+    assert message in captured.err and captured.err.count("\n") == 1
+
+
+def test_an_export_copied_without_whole_weights_is_one_line(tmp_path, capsys):
+    # moved between machines: a weights file left behind, or cut short by a full disk (was served as it was)
+    export = synthetic_export(tmp_path / "shipped")
+    (export / "mcq" / "adapter_model.safetensors").unlink()
+    assert main(["serve", str(export), "--print-command"]) == 2
+    assert "adapter folder 'mcq' of" in capsys.readouterr().err
+    weights = synthetic_export(tmp_path / "cut") / "arith" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-20])
+    assert main(["serve", str(tmp_path / "cut"), "--print-command"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {weights} is damaged (") and err.count("\n") == 1
 
 
 def _free_port() -> int:
