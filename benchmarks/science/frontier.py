@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import statistics
 
-from analysis import goal_state
 from headline import paired
 from resampling import Draws, percentile, sign_flip_p
 
@@ -54,6 +53,14 @@ def gap_of(method_point: tuple[float, float], points: list[tuple[float, float]],
     x, y = method_point
     f, beyond = attainable(points, x, lower_is_better)
     return (y - f if lower_is_better else f - y), beyond
+
+
+def side(ci: list[float] | None) -> str:
+    """The pre-registered reading of a frontier gap's interval: `above` the frontier when it lies strictly below 0,
+    `below` when strictly above 0, `on` when it holds 0 (a gap of exactly 0 is on the frontier, not above it)."""
+    if ci is None:
+        return "–"
+    return "above" if ci[1] < 0 else "below" if ci[0] > 0 else "on"
 
 
 def seed_point(summary: dict, method: str, seed: int, figure: str) -> tuple[float, float]:
@@ -103,10 +110,10 @@ def frontier_gap(summary: dict, draws: Draws, method: str, figure: str = "forget
         "beyond": beyond,
         "beyond_share_of_draws": beyond_draws / len(gaps) if gaps else None,
         "ci95": ci,
-        "state": goal_state(ci, "≤ 0"),  # met: above the frontier
+        "state": side(ci),
         "per_seed": per_seed,
         "seed_t95": None if seed_ci is None else list(seed_ci),
-        "seed_state": "–" if seed_ci is None else goal_state(list(seed_ci), "≤ 0"),
+        "seed_state": side(None if seed_ci is None else list(seed_ci)),
         "sign_flip_p": sign_flip_p(list(per_seed.values()), "< 0"),
     }
 
@@ -138,7 +145,7 @@ def gap_difference(summary: dict, draws: Draws, left: str, right: str) -> dict |
         "right": right,
         "difference": statistics.fmean(per_seed.values()) if per_seed else None,
         "ci95": ci,
-        "state": goal_state(ci, "≤ 0"),
+        "state": side(ci),
         "per_seed": per_seed,
         "seed_t95": None if seed_ci is None else list(seed_ci),
         "sign_flip_p": sign_flip_p(list(per_seed.values()), "< 0"),
@@ -267,7 +274,7 @@ def frontier_md(data: dict) -> list[str]:
     ]
     for r in h["rows"]:
         gap, rgap = r["gap"]["forgetting"], r["gap"]["retention_ratio"]
-        above = "–" if gap is None else {"met": "**above**", "not met": "below", "undecided": "on"}[gap["state"]]
+        above = "–" if gap is None else {"above": "**above**", "below": "below", "on": "on", "–": "–"}[gap["state"]]
         if gap is not None and gap["beyond"]:
             above += " (beyond GRPO's plasticity range)"
         retains = direction(r["retains"], "**yes**", "no")

@@ -71,7 +71,7 @@ def versus_reference(summary: dict, draws: Draws, reference: str = "grpo") -> di
         return {"reference": reference, "rows": [], "answer": "–", "meeting_both": []}
     rows = []
     for method in summary:
-        if method == reference:
+        if method in (reference, "base", "stage_skip", "joint"):  # the references (references.py) are not candidates
             continue
         row = {"method": method}
         for key, good in HEADLINE + ALSO:

@@ -10,7 +10,9 @@ as run records shaped like a sequence run's, so that the bootstrap, the tables a
   own): its rows 0 and 1 (after its one stage), row 1 repeated after every later stage, with the sequence's trained
   columns, so its ACC, final cells, retention_ratio and gain_over_base read as the sequence's; its forgetting (0)
   and plasticity (stage 1's column's gain over T) mean nothing and are not used.
-Pure: records in, records out; a reference record has `reference: True` and no training traces.
+Pure: records in, records out; a reference record has `reference: True` and no training traces; `base` and
+`stage_skip` are `virtual` (no run of their own: their drift, KL and run figures are None, and the Runs table leaves
+them out).
 """
 
 from __future__ import annotations
@@ -29,7 +31,17 @@ def carried(run: dict, rows_kept: int, stages: int, method: str, trained_columns
         out[key] = kept + [copy.deepcopy(kept[-1]) for _ in range(stages + 1 - rows_kept)]
     stage_names = run["stages"][:rows_kept] + [f"(carried) {i}" for i in range(stages + 1 - rows_kept)]
     empty: list = [None] * stages
+    virtual = method in ("base", "stage_skip")  # made of GRPO's rows, not a run: no training figures of its own
+    scalars = (
+        dict.fromkeys(
+            ("parameter_drift", "response_kl_to_base", "foreign_format_rate", "reward_drop", "train_minutes")
+        )
+        if virtual
+        else {}
+    )
     out.update(
+        **scalars,
+        virtual=virtual,
         method=method,
         stages=stage_names,
         trained_columns=list(trained_columns),

@@ -386,6 +386,8 @@ def runs_md(summary: dict, runs: dict[str, dict[int, dict]]) -> list[str]:
     ]
     for m, by_seed in runs.items():
         for s, r in sorted(by_seed.items()):
+            if r.get("virtual"):  # base, stage_skip: GRPO's rows, no run of their own
+                continue
             p, f = r["provenance"], summary[m]["per_seed"][s]
             wall = f"{p['wall_s'] / 60:.1f}" if p.get("wall_s") is not None else "–"
             L.append(

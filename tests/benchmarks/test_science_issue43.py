@@ -99,6 +99,9 @@ def test_references_are_sequence_shaped_records(collection):
     assert joint["accuracy"] == [[0.2, 0.3, 0.6], [0.7, 0.7, 0.6], [0.7, 0.7, 0.6]]
     assert joint["trained_columns"] == [0, 1] and all(r["reference"] for r in (skip, base, joint))
     assert "reference" not in runs["grpo"][0]
+    # base and stage_skip are GRPO's rows, not runs: no drift, KL or minutes of their own; joint is a run of its own
+    assert skip["virtual"] and base["virtual"] and not joint["virtual"]
+    assert skip["parameter_drift"] is None and skip["train_minutes"] is None and joint["train_minutes"] == 1.0
 
 
 def test_frontier_gap_retains_and_position_by_hand(collection):
@@ -136,6 +139,9 @@ def test_results_carry_the_references_the_frontier_and_the_headline(collection, 
     hybrid_row = next(line for line in md.splitlines() if line.startswith("| hybrid | -0.100"))  # its cost
     assert "## Issue 43 headline" in md and "| -0.100 [" in hybrid_row  # and its forgetting gap
     assert "## The hybrid taken apart" in md
+    runs_table = md.split("## Runs")[1]
+    assert "| joint-s0 |" in runs_table and "stage_skip" not in runs_table and runs_table.count("| grpo-s0 |") == 1
+    assert all(r["method"] not in ("base", "stage_skip", "joint") for r in data["headline"]["rows"])
     assert (tmp_path / "out" / "pareto.png").stat().st_size > 1000
     assert not [r for r in data["training_signals"] if r["method"] in ("base", "stage_skip")]  # no traces tabled
 
