@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from adaptercl.adapters import active_adapters
 from adaptercl.model import build_batch, output_cache, prefill, prefix_layout, response_logits
-from adaptercl.rollout.decode import decode
+from adaptercl.rollout.decode import decode, min_new_tokens
 from adaptercl.rollout.folded_lora import folded_lora
 from adaptercl.rollout.packed_weights import packed_linears
 from adaptercl.rollout.protocol import Completion, SamplingParams, row_seed
@@ -96,6 +96,7 @@ class HFEngine:
             top_p=params.top_p,
             greedy=params.greedy,
             row_seeds=seeds[: len(prompts)],
+            min_tokens=min_new_tokens(self.model.generation_config, params.min_new_tokens, [len(p) for p in prompts]),
         )
         completions = []
         for p, response in zip(prompts, responses):
