@@ -6,9 +6,10 @@ reference and always on-policy), `vllm` (`vllm.py`, multi-LoRA serving in this p
 data-parallel rank) and `vllm_server` (`vllm_server.py`, a running vLLM server over HTTP); which version of the
 adapters vLLM serves (`adapter_versions.py`); what top-p / top-k sampling keeps, for logprobs both sides of the
 rollout-mismatch ratio share (`truncation.py`); vLLM's settings and limits, torch-free (`vllm_settings.py`), and what a
-colocated engine takes of the card (`vllm_memory.py`); `rollout.engine: auto` decided (`engine_choice.py`); and the
-run's engine, built once from the recipe (`engines.py`: `Engines`), vLLM guarded so that a failure under auto goes on
-with transformers and a named one stops in one line (`fallback.py`).
+colocated engine takes of the card (`vllm_memory.py`); `rollout.engine: auto` decided (`engine_choice.py`);
+`rollout.dtype`, the hf engine's rollout precision on a CPU, and the run's record of its CPU paths (`precision.py`);
+and the run's engine, built once from the recipe (`engines.py`: `Engines`), vLLM guarded so that a failure under auto
+goes on with transformers and a named one stops in one line (`fallback.py`).
 """
 
 from importlib import import_module
@@ -31,6 +32,9 @@ _EXPORTS = {
     "ServerClient": "server_client",
     "ServerUnreachable": "server_client",
     "check_server": "server_client",
+    "check_rollout_dtype": "precision",
+    "cpu_paths": "precision",
+    "rollout_dtype": "precision",
     "kept_log_mass": "truncation",
     "sampler_logprobs": "truncation",
     "PROMPT_TOKENS": "vllm_memory",

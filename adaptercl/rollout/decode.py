@@ -37,7 +37,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from adaptercl.model import CACHE, output_cache
-from adaptercl.rollout.truncation import truncated_logits
+from adaptercl.rollout.truncation import sampler_logprobs, truncated_logits
 
 
 class ReservedLayer(DynamicLayer):
@@ -126,6 +126,7 @@ def decode(
     greedy: bool = False,
     row_seeds: list[int] | None = None,
     min_tokens: list[int] | None = None,
+    logprobs_out: list[list[float]] | None = None,
 ) -> list[list[int]]:
     """Each row's response tokens (ending with its stop token, if it stopped on one), at most `max_new_tokens`.
 
@@ -133,7 +134,11 @@ def decode(
     holes between a shared prefix and the row's own tokens). cache: None, or a `DynamicCache` holding all but the
     last column (the rollout prefill's); positions follow the mask, as in `generate`. row_seeds: [B] one seed per
     row (sampling only). min_tokens: [B] each row's minimum length (`min_new_tokens`): its stop tokens are masked
-    (-inf, so never sampled nor the argmax) while it has fewer tokens.
+    (-inf, so never sampled nor the argmax) while it has fewer tokens. logprobs_out: an empty list to fill with each
+    row's logprob of each of its tokens under the distribution the step's logits give (logits / temperature, cut
+    to the top-p nucleus when sampling: `truncation.sampler_logprobs`, the hf engine's `response_logprobs`
+    definition; before the minimum-length mask, which the trainer does not know): the sampler's own logprobs, for a
+    policy that is not the trainer's (bf16 weights: `hf.py`).
     """
     device = input_ids.device
     rows = input_ids.shape[0]
@@ -143,6 +148,8 @@ def decode(
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
     minimum = torch.tensor(min_tokens or [0] * rows)  # [B]
     responses: list[list[int]] = [[] for _ in range(rows)]
+    if logprobs_out is not None:
+        logprobs_out[:] = [[] for _ in range(rows)]
     alive = torch.arange(rows)  # [b] the original row of each batch row still decoding
     mask = attention_mask  # [b, L]
     if cache is None:
@@ -162,7 +169,7 @@ def decode(
         if first:
             cache, first = output_cache(out), False
             reserve(cache, max_new_tokens)  # room for every later position, written in place
-        logits = out.logits[:, -1, :]  # [b, V]
+        logits = raw = out.logits[:, -1, :]  # [b, V]
         short = minimum[alive] > length  # [b] rows below their minimum length
         if short.any():  # as MinNewTokensLengthLogitsProcessor: the stop tokens at -inf
             is_stop = torch.isin(torch.arange(logits.shape[-1], device=device), stops)  # [V]
@@ -174,6 +181,10 @@ def decode(
             tokens = sample_tokens(truncated_logits(logits.float() / temperature, top_p), uniforms)  # [b]
         for row, token in zip(alive.tolist(), tokens.tolist()):
             responses[row].append(token)
+        if logprobs_out is not None:  # [b, 1, V] and [b, 1] -> [b]
+            logp = sampler_logprobs((raw / temperature).unsqueeze(1), tokens.unsqueeze(1), 1.0 if greedy else top_p)
+            for row, value in zip(alive.tolist(), logp[:, 0].tolist()):
+                logprobs_out[row].append(value)
         finished = torch.isin(tokens, stops)  # [b]
         if len(responses[alive[0].item()]) == max_new_tokens:
             break  # every row still here has reached the cap
