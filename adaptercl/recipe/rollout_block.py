@@ -119,20 +119,19 @@ class RolloutConfig(ConfigBlock):
         True,
         description="hf engine: while decoding, fold the active LoRA into a temporary copy of each float32 base "
         "weight (exact to fp32 rounding; one extra copy of the adapted weights meanwhile). Quantised and "
-        "half-precision bases are never folded, nor is the LoRA of a bfloat16 rollout (`dtype`), which runs it "
-        "unfolded in float32 beside the bf16 base weights.",
+        "half-precision bases are never folded (a bfloat16 rollout, `dtype`, folds in float32, then rounds).",
     )
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
         "float32",
         description="hf engine on a CPU: the precision of the sampled rollouts' linear weights. float32: the "
-        "trainer's own weights, exactly on-policy. bfloat16: bf16 copies of the base weights (packed for oneDNN; the "
-        "LoRA adapters stay float32 beside them), for CPUs with bf16 matrix units (AMX-BF16, AVX512-BF16; elsewhere "
-        "one line at validation): faster decoding from a slightly different policy, which the engine's own logprobs "
-        "and the trainer's rollout-mismatch weights correct, as for vLLM (the trade measured: "
-        "benchmarks/perf/README.md, cpu_paths.py); greedy evaluation stays float32. "
-        "auto: bfloat16 where those units are used by torch and oneDNN's bf16 product passes its probe, float32 "
-        "elsewhere (rollout/precision.py). On a GPU the hf engine samples in model.dtype; the vLLM engines have their "
-        "own dtype (model.dtype), so setting this with them is an error.",
+        "trainer's own weights, exactly on-policy. bfloat16: bf16 copies of the linear weights (packed for oneDNN; "
+        "the LoRA folded in first in float32 where fold_lora), for CPUs with bf16 matrix units (AMX-BF16, "
+        "AVX512-BF16; elsewhere one line at validation): faster decoding from a slightly different policy, "
+        "which the engine's own logprobs and the trainer's rollout-mismatch weights correct, as for vLLM (the "
+        "trade measured: benchmarks/perf/README.md, cpu_paths.py); greedy evaluation stays float32. auto: "
+        "bfloat16 where those units are used by torch and oneDNN's bf16 product passes its probe, float32 "
+        "elsewhere (rollout/precision.py). On a GPU the hf engine samples in model.dtype; the vLLM engines "
+        "have their own dtype (model.dtype), so setting this with them is an error.",
     )
     gpu_memory_utilization: float | Literal["auto"] = Field(
         0.3,

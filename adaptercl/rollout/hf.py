@@ -10,9 +10,10 @@ decoding, the active LoRA adapters are folded into float32 base weights (`folded
 linear weights are packed for oneDNN (`packed_weights`); logprobs are computed unfolded and unpacked.
 
 With `dtype=torch.bfloat16` (`rollout.dtype`, CPUs with bf16 matrix units) sampled rollouts run on bf16 copies of
-the base's linear weights, the LoRA adapters unfolded beside them in float32 (folded into a bf16 weight, a young
-adapter's small update would round away), so the rows are drawn from a slightly different policy than the trainer's;
-each completion then carries the sampler's own logprobs (`decode`'s, under the distribution it drew from), which the
+the linear weights, the LoRA folded in first in float32 (`fold_lora`; unfolded, its own A and B stay float32), so the
+rows are drawn from a slightly different policy than the trainer's: each weight off by at most half a bf16 ulp of
+W + ΔW, folded or not (folding rounds W + ΔW once instead of W alone; neither loses ΔW more than W's own low bits).
+Each completion then carries the sampler's own logprobs (`decode`'s, under the distribution it drew from), which the
 trainer's rollout-mismatch weights compare with its float32 ones, as for a vLLM engine. Greedy decoding (evaluation,
 the diagnostics) stays float32: accuracy is the trained model's.
 
@@ -74,11 +75,10 @@ class HFEngine:
         reduced = self.dtype != torch.float32 and not params.greedy  # sampled on bf16 weights: its own logprobs
         try:
             with active_adapters(self.model, adapters):
-                if reduced:  # LoRA unfolded, in float32 beside the bf16 base weights
-                    folded = contextlib.nullcontext()
+                folded = folded_lora(self.model) if self.fold_lora else contextlib.nullcontext()
+                if reduced:  # an unfolded LoRA's own A and B stay float32
                     packed = packed_linears(self.model, self.dtype, keep_float32=lora_factor_layers(self.model))
                 else:
-                    folded = folded_lora(self.model) if self.fold_lora else contextlib.nullcontext()
                     packed = packed_linears(self.model)
                 with folded, packed:
                     for start in range(0, len(expanded), self.batch_size):

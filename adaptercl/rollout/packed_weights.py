@@ -17,10 +17,11 @@ returned as float32): a different policy, by bf16's rounding (~0.4 % of a weight
 correct (`rollout.dtype`). The trainer's logprobs never come from here (its forwards run with gradients, which the
 packed path refuses: the layer's own `forward` runs whenever autograd is on).
 
-Only exact `nn.Linear` layers with a float32 CPU weight are packed (the LoRA layers' bases after `folded_lora`, the
-LM head); `keep_float32` names layers that stay float32 in a bf16 block (an unfolded LoRA's own A and B, whose small
-update bf16 would round away). A 4-bit or half-precision base and a CUDA model keep their own path. The cost is one
-packed copy of those weights while the block runs (the model's float32 size at most), freed after.
+Only exact `nn.Linear` layers with a float32 CPU weight are packed (the LoRA layers' bases after `folded_lora`, the LM
+head); `keep_float32` names layers that stay float32 in a bf16 block (an unfolded LoRA's own A and B: its update is a
+small difference, kept exact beside the rounded base). A 4-bit or half-precision base and a CUDA model keep their own
+path. The cost is one packed copy of those weights while the block runs (the model's float32 size at most), freed
+after.
 
 The ops are private to PyTorch and can change or vanish in a release, so they are probed once per dtype
 (`onednn_refusal`: a small `nn.Linear` against `F.linear`, inside try/except); when they are missing, fail, change

@@ -7,7 +7,7 @@ cpu_paths.jsonl, one line per start of the run).
     record = cpu_paths(dtype)             # MKL's branch, the packed-weight path per dtype, the rollout dtype
 
 `float32` (the default) samples from the trainer's own weights: exactly on-policy. `bfloat16` samples from bf16 copies
-of the base's linear weights, packed for oneDNN (`packed_weights.py`), with the LoRA adapters in float32 beside them;
+of the linear weights, packed for oneDNN (`packed_weights.py`), the LoRA folded in first in float32 (`fold_lora`);
 the engine returns the sampler's logprobs and the trainer's rollout-mismatch weights min(exp(logp − logp_rollout), 2)
 correct the difference (`hf.py`). `auto` is bfloat16 where the CPU has bf16 matrix units (AMX-BF16, AVX512-BF16),
 torch's kernels use them (its CPU capability is AVX512) and oneDNN's bf16 product passes its probe, for a float32

@@ -47,7 +47,11 @@ step's rollout time over the tokens its completions hold), the figure that compa
     python benchmarks/perf/step_time.py --model smollm2-135m-instruct --workload long --steps 3 --warmup 1
     python benchmarks/perf/step_time.py --model smollm2-135m-instruct --workload long-fixed --steps 3 --warmup 1
 
-writes benchmarks/perf/results/step_time-<model>[-long|-long-fixed].json and prints a markdown table.
+`--rollout-dtype bfloat16` (or auto) rolls adaptercl's side out on bf16 weights (`rollout.dtype`, CPUs with bf16
+matrix units), its own logprobs feeding the trainer's rollout-mismatch weights; TRL's side is unchanged.
+
+writes benchmarks/perf/results/step_time-<model>[-long|-long-fixed][-rollout-<dtype>].json and prints a markdown
+table.
 """
 
 from __future__ import annotations
@@ -155,6 +159,7 @@ def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
     from adaptercl.model.base import load_base
     from adaptercl.recipe.grammar import resolve_recipe
     from adaptercl.rollout.hf import HFEngine
+    from adaptercl.rollout.precision import rollout_dtype
     from adaptercl.train.context import StageContext
 
     alarms = ("nonfinite", "divergence_collapse", "target_starvation", "repetition", "entropy_collapse")
@@ -168,6 +173,7 @@ def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
             "lora": {"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.0, "target_modules": TARGET_MODULES},
             "rollout": {
                 "engine": "hf",
+                "dtype": args.rollout_dtype,
                 "group_size": args.group_size,
                 "max_new_tokens": args.max_new_tokens,
                 "temperature": 1.0,
@@ -205,7 +211,8 @@ def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
     use_adapters(model, [student], trainable=student)
     stage_dir = work / "adaptercl" / stage_dir_name(recipe, 0)
     stage_dir.mkdir(parents=True)
-    engine = HFEngine(model, base.tokenizer, batch_size=args.prompts_per_step * args.group_size)
+    dtype = rollout_dtype(args.rollout_dtype, model)  # bf16: the engine's own logprobs reach the trainer's IS weights
+    engine = HFEngine(model, base.tokenizer, batch_size=args.prompts_per_step * args.group_size, dtype=dtype)
     return StageContext(recipe, 0, model, base.tokenizer, engine, domain, student, [], stage_dir)
 
 
@@ -372,7 +379,8 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         | {k: getattr(args, k) for k in ("max_new_tokens", "lr", "seed")}
         | {"prompt_tokens": {"mean": statistics.fmean(prompt_lengths), "max": max(prompt_lengths)}}
         | {"lora": {"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.0, "target_modules": TARGET_MODULES}}
-        | {"dtype": "float32", "warmup_steps": args.warmup, "timed_steps": args.steps},
+        | {"dtype": "float32", "rollout_dtype": str(ctx.engine.dtype).removeprefix("torch.")}
+        | {"warmup_steps": args.warmup, "timed_steps": args.steps},
         "completion_len": {
             "adaptercl_mean": statistics.fmean(r["response_len_mean"] for r in rows),
             "adaptercl_batch_max_mean": statistics.fmean(r["response_len_max"] for r in rows),
@@ -440,7 +448,8 @@ def markdown(result: dict[str, Any]) -> str:
     tokens = f"{w['max_new_tokens']} tokens" + (" exactly" if fixed else " at most (natural length)")
     return (
         f"### GRPO step time, {result['model']}, {w['workload']} workload: {w['prompts_per_step']} {prompts} x "
-        f"{w['group_size']} samples x {tokens}, LoRA r{w['lora']['r']}, fp32 CPU, {w['timed_steps']} timed steps\n\n"
+        f"{w['group_size']} samples x {tokens}, LoRA r{w['lora']['r']}, fp32 CPU (adaptercl's rollouts "
+        f"{w['rollout_dtype']}), {w['timed_steps']} timed steps\n\n"
         + markdown_table(["system", "median s", "IQR s", "min-max s", "rollout median s", "rollout ms/token"], rows)
         + f"\n\nadaptercl / TRL: ratio of medians {result['ratio_of_medians']:.3f}; paired per-step ratio median "
         f"{p['median']:.3f} (min {p['min']:.3f}, max {p['max']:.3f}); rollout time per generated token "
@@ -456,6 +465,9 @@ def main() -> int:
     parser.add_argument("--domain", choices=sorted(LONG_DOMAINS), default="math", help="--workload long*: its prompts")
     parser.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument(
+        "--rollout-dtype", choices=["float32", "bfloat16", "auto"], default="float32", help="adaptercl's rollout.dtype"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="steps of each system left out of the statistics")
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each system")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
@@ -477,6 +489,7 @@ def main() -> int:
         print(refusal, file=sys.stderr)
         return 1
     name = "step_time-" + Path(args.model).name + ("" if args.workload == "short" else f"-{args.workload}")
+    name += "" if args.rollout_dtype == "float32" else f"-rollout-{args.rollout_dtype}"
     path = write_result(name, result, args.out)
     print(markdown(result))
     print(f"written: {path}")

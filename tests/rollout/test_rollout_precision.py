@@ -1,5 +1,5 @@
 """`rollout.dtype` (`rollout/precision.py`, `hf.py`): the sampler's own logprobs are the trainer's definition, the
-bf16 engine samples on bf16 base weights with the LoRA kept float32 and hands its logprobs to the trainer, greedy
+bf16 engine samples on bf16 weights (an unfolded LoRA kept float32) and hands its logprobs to the trainer, greedy
 decoding stays float32, `auto` resolves by the CPU, a bf16 request on a CPU without bf16 units or with a vLLM engine
 is one line, and the run records what it computed with in cpu_paths.jsonl."""
 
@@ -66,9 +66,11 @@ def test_the_samplers_own_logprobs_are_the_trainers_definition(tiny):
     assert max(abs(a - b) for lp, ref in zip(own, reference) for a, b in zip(lp, ref)) < 1e-10
 
 
-def test_a_bf16_engine_samples_on_bf16_base_weights_beside_float32_lora(tiny, monkeypatch):
-    """The engine asks for bf16 packing with every LoRA factor kept float32, and its rows carry the sampler's own
-    logprobs, another policy's than the trainer's where oneDNN's bf16 product runs (float32's where it does not)."""
+@pytest.mark.parametrize("fold", [True, False])
+def test_a_bf16_engine_samples_on_bf16_weights_and_returns_its_own_logprobs(tiny, monkeypatch, fold):
+    """The engine asks for bf16 packing (the LoRA folded in first, or kept float32 beside), and its rows carry the
+    sampler's own logprobs, another policy's than the trainer's where oneDNN's bf16 product runs (float32's where it
+    does not)."""
     model, tokenizer = tiny
     seen = []
     original = hf_engine.packed_linears
@@ -79,10 +81,12 @@ def test_a_bf16_engine_samples_on_bf16_base_weights_beside_float32_lora(tiny, mo
 
     monkeypatch.setattr(hf_engine, "packed_linears", recording)
     params = SamplingParams(8, temperature=1.0, n=2, seed=5)
-    rows, _, own = tokens_and_logprobs(
-        HFEngine(model, tokenizer, dtype=torch.bfloat16).generate(PROMPTS, ADAPTER, params)
-    )
+    folds = []
+    monkeypatch.setattr(hf_engine, "folded_lora", lambda m, real=hf_engine.folded_lora: folds.append(m) or real(m))
+    engine = HFEngine(model, tokenizer, fold_lora=fold, dtype=torch.bfloat16)
+    rows, _, own = tokens_and_logprobs(engine.generate(PROMPTS, ADAPTER, params))
     (dtype, kept), *_ = seen
+    assert len(folds) == int(fold)
     lora = {id(m) for name, m in model.named_modules() if ".lora_A." in name or ".lora_B." in name}
     assert dtype == torch.bfloat16 and kept == lora and len(lora) == 2 * 3 * model.config.num_hidden_layers
     trainer = response_logprobs(model, rows, tokenizer.pad_token_id, 1.0)  # float32, unpacked: the trainer's
