@@ -12,7 +12,8 @@ the engine returns the sampler's logprobs and the trainer's rollout-mismatch wei
 correct the difference (`hf.py`). `auto` is bfloat16 where the CPU has bf16 matrix units (AMX-BF16, AVX512-BF16),
 torch's kernels use them (its CPU capability is AVX512) and oneDNN's bf16 product passes its probe, for a float32
 model on the CPU; float32 elsewhere. Evidence (benchmarks/perf/cpu_paths.py, preliminary, a loaded 2-core AMD EPYC
-with AVX512-BF16): the quickstart's rollout 0.71x the float32 one's time; against the float32 trainer a mean |log
+with AVX512-BF16): the quickstart's rollout 0.65x the float32 one's time, the long workload's decode 0.74x, the short
+step_time workload's GRPO step 0.51x TRL's against 0.58x in float32; against the float32 trainer a mean |log
 ratio| of 0.027 per token and IS weights 1.00 ± 0.04 (1-99 %: 0.90-1.12, none clipped). Whether the quickstart learns
 as much on it is not measured yet (benchmarks/perf/README.md, "rollout.dtype"): until it is, recipes keep float32.
 """
