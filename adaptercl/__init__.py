@@ -20,7 +20,7 @@ from typing import Any
 from adaptercl.system import prefer_fast_mkl_path, silence_bitsandbytes_kernels_notice
 
 silence_bitsandbytes_kernels_notice()  # before any module here imports PEFT, which imports bitsandbytes
-prefer_fast_mkl_path()  # MKL_CBWR=AVX2 on an AMD CPU with AVX-512 when unset (system/cpu_kernels.py)
+prefer_fast_mkl_path()  # MKL's branch for this CPU, measured once and cached, when unset (system/cpu_kernels.py)
 
 try:
     __version__ = version("adaptercl")

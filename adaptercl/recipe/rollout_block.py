@@ -119,7 +119,19 @@ class RolloutConfig(ConfigBlock):
         True,
         description="hf engine: while decoding, fold the active LoRA into a temporary copy of each float32 base "
         "weight (exact to fp32 rounding; one extra copy of the adapted weights meanwhile). Quantised and "
-        "half-precision bases are never folded.",
+        "half-precision bases are never folded (a bfloat16 rollout, `dtype`, folds in float32, then rounds).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "float32",
+        description="hf engine on a CPU: the precision of the sampled rollouts' linear weights. float32: the "
+        "trainer's own weights, exactly on-policy. bfloat16: bf16 copies of the linear weights (packed for oneDNN; "
+        "the LoRA folded in first in float32 where fold_lora), for CPUs with bf16 matrix units (AMX-BF16, "
+        "AVX512-BF16; elsewhere one line at validation): faster decoding from a slightly different policy, "
+        "which the engine's own logprobs and the trainer's rollout-mismatch weights correct, as for vLLM (the "
+        "trade measured: benchmarks/perf/README.md, cpu_paths.py); greedy evaluation stays float32. auto: "
+        "bfloat16 where those units are used by torch and oneDNN's bf16 product passes its probe, float32 "
+        "elsewhere (rollout/precision.py). On a GPU the hf engine samples in model.dtype; the vLLM engines "
+        "have their own dtype (model.dtype), so setting this with them is an error.",
     )
     gpu_memory_utilization: float | Literal["auto"] = Field(
         0.3,
@@ -188,10 +200,20 @@ class RolloutConfig(ConfigBlock):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_dtype(self) -> RolloutConfig:
+        if "dtype" in self.model_fields_set and self.engine in ("vllm", "vllm_server"):
+            raise ValueError(
+                f"dtype is the transformers engine's (hf, on a CPU); engine {self.engine} computes in vLLM's own "
+                "dtype (model.dtype): remove rollout.dtype"
+            )
+        return self
+
 
 # Rollout fields that configure the run's one engine, so they must agree across stages.
 ENGINE_FIELDS = (
     "engine",
+    "dtype",
     "fold_lora",
     "gpu_memory_utilization",
     "vllm_base",

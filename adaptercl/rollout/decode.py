@@ -13,14 +13,16 @@ the pad token and its outputs thrown away (masked), so an unknown layer never lo
 
 The distribution is `generate`'s with `repetition_penalty=1`, `top_k=0`: softmax(logits / temperature), cut to the
 nucleus of mass `top_p` as transformers' `TopPLogitsWarper` cuts it (`truncation.truncated_logits`); greedy is the
-argmax. What differs is where the randomness comes from, and that is deliberate: `generate` draws one
-`torch.multinomial` for the whole batch from the global generator, so a row's sample depends on which other rows are
-still in the batch, and dropping a finished row would change every later draw of every other row. Here row r draws
-one uniform per step from its own `torch.Generator` seeded with `row_seeds[r]` and takes the token where the
-cumulative distribution (in float64) passes it (`sample_tokens`, inverse-CDF sampling, the method `torch.multinomial`
-itself uses on CPU). So a row's response depends on its seed and prompt only, not on the batch size, the rows beside
-it, or a data-parallel split; it is not the token `generate` would have drawn under `torch.manual_seed` (a different
-stream), and greedy rows are exactly `generate`'s (`tests/rollout/test_decode.py`).
+argmax. A minimum length masks the stop tokens until a row has that many tokens, as `generate`'s
+`MinNewTokensLengthLogitsProcessor` / `MinLengthLogitsProcessor` do before temperature and top-p (`min_new_tokens`: the
+request's, else the model's `generation_config`). What differs is where the randomness comes from, and that is
+deliberate: `generate` draws one `torch.multinomial` for the whole batch from the global generator, so a row's sample
+depends on which other rows are still in the batch, and dropping a finished row would change every later draw of every
+other row. Here row r draws one uniform per step from its own `torch.Generator` seeded with `row_seeds[r]` and takes
+the token where the cumulative distribution (in float64) passes it (`sample_tokens`, inverse-CDF sampling, the method
+`torch.multinomial` itself uses on CPU). So a row's response depends on its seed and prompt only, not on the batch
+size, the rows beside it, or a data-parallel split; it is not the token `generate` would have drawn under
+`torch.manual_seed` (a different stream), and greedy rows are exactly `generate`'s (`tests/rollout/test_decode.py`).
 
 The key/value cache is reserved once for the whole response (`ReservedLayer`): `DynamicCache` appends by
 concatenation, copying every row's whole cache at every step (16 % of a decode step's time at 8 rows x 100 prompt
@@ -38,7 +40,7 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from adaptercl.model import CACHE, SELECTS, can_select_rows, output_cache, select_keys, select_rows
-from adaptercl.rollout.truncation import truncated_logits
+from adaptercl.rollout.truncation import sampler_logprobs, truncated_logits
 
 
 class ReservedLayer(DynamicLayer):
@@ -90,6 +92,22 @@ def reserve(cache: Any, extra: int) -> None:
             layers[i] = ReservedLayer(layer.keys, layer.values, layer.keys.shape[-2] + extra)
 
 
+def min_new_tokens(generation_config: Any, requested: int | None, prompt_lengths: list[int]) -> list[int]:
+    """Each row's minimum number of new tokens (its stop tokens are masked until then), as `generate` reads it:
+    `requested` (a `min_new_tokens` argument) if given, else `generation_config.min_new_tokens`, else
+    `generation_config.min_length` less the row's prompt length (min_length counts the prompt), else 0.
+
+    One departure: `generate` subtracts the batch's padded width from `min_length` (its `input_ids` are padded),
+    so a row's minimum there depends on the longest prompt beside it; here it is the row's own prompt length, what
+    `generate` gives that row alone (a row's sample depends on its prompt only: the module docstring)."""
+    if requested is None:
+        requested = getattr(generation_config, "min_new_tokens", None)
+    if requested is not None:
+        return [int(requested)] * len(prompt_lengths)
+    min_length = getattr(generation_config, "min_length", None) or 0
+    return [max(min_length - n, 0) for n in prompt_lengths]
+
+
 def sample_tokens(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """One token per row from softmax(logits), by inverse CDF: the first token whose cumulative probability exceeds
     the row's uniform. logits: [B, V] (temperature and truncation applied); uniforms: [B] in [0, 1), float64.
@@ -115,6 +133,8 @@ def decode(
     greedy: bool = False,
     row_seeds: list[int] | None = None,
     pad_id: int = 0,
+    min_tokens: list[int] | None = None,
+    logprobs_out: list[list[float]] | None = None,
 ) -> list[list[int]]:
     """Each row's response tokens (ending with its stop token, if it stopped on one), at most `max_new_tokens`.
 
@@ -122,6 +142,12 @@ def decode(
     holes between a shared prefix and the row's own tokens). cache: None, or a `DynamicCache` holding all but the
     last column (the rollout prefill's); positions follow the mask, as in `generate`. row_seeds: [B] one seed per
     row (sampling only). pad_id: what a finished row is fed while a cache that cannot drop rows keeps it.
+    min_tokens: [B] each row's minimum length (`min_new_tokens`): its stop tokens are masked
+    (-inf, so never sampled nor the argmax) while it has fewer tokens. logprobs_out: an empty list to fill with each
+    row's logprob of each of its tokens under the distribution the step's logits give (logits / temperature, cut
+    to the top-p nucleus when sampling: `truncation.sampler_logprobs`, the hf engine's `response_logprobs`
+    definition; before the minimum-length mask, which the trainer does not know): the sampler's own logprobs, for a
+    policy that is not the trainer's (bf16 weights: `hf.py`).
     """
     device = input_ids.device
     rows = input_ids.shape[0]
@@ -129,7 +155,10 @@ def decode(
         assert row_seeds is not None and len(row_seeds) == rows, "sampling needs one seed per row"
         generators = [torch.Generator().manual_seed(int(s)) for s in row_seeds]
     stops = torch.tensor(stop_ids, dtype=torch.long, device=device)
+    minimum = torch.tensor(min_tokens or [0] * rows)  # [B]
     responses: list[list[int]] = [[] for _ in range(rows)]
+    if logprobs_out is not None:
+        logprobs_out[:] = [[] for _ in range(rows)]
     alive = torch.arange(rows)  # [b] the original row of each batch row still decoding
     mask = attention_mask  # [b, L]
     if cache is None:
@@ -138,7 +167,7 @@ def decode(
         step_ids, positions = input_ids[:, -1:], mask.sum(-1, keepdim=True) - 1  # its last token: [b, 1]
     running = torch.ones(rows, dtype=torch.bool, device=device)  # [b] not finished (rows kept only by masking)
     first = True
-    for step in range(max_new_tokens):
+    for step in range(max_new_tokens):  # every row still decoding has `step` tokens
         out = model(
             input_ids=step_ids,
             attention_mask=mask,
@@ -151,7 +180,11 @@ def decode(
             cache, first = output_cache(out), False
             reserve(cache, max_new_tokens)  # room for every later position, written in place
             droppable = can_select_rows(cache, ROW_RULES)  # else finished rows stay, masked
-        logits = out.logits[:, -1, :]  # [b, V]
+        logits = raw = out.logits[:, -1, :]  # [b, V]
+        short = minimum[alive] > step  # [b] rows below their minimum length
+        if short.any():  # as MinNewTokensLengthLogitsProcessor: the stop tokens at -inf
+            is_stop = torch.isin(torch.arange(logits.shape[-1], device=device), stops)  # [V]
+            logits = logits.masked_fill(short.to(device).unsqueeze(-1) & is_stop, float("-inf"))  # [b, V]
         live = running.nonzero().squeeze(-1)  # [b'] batch rows still decoding
         if greedy:
             tokens = logits.argmax(dim=-1)  # [b]
@@ -162,6 +195,12 @@ def decode(
             tokens[live] = picked.to(device)
         for row, token in zip(alive[live.cpu()].tolist(), tokens[live].tolist()):
             responses[row].append(token)
+        if logprobs_out is not None:  # [b', 1, V] and [b', 1] -> [b'] (the rows still decoding)
+            logp = sampler_logprobs(
+                (raw[live] / temperature).unsqueeze(1), tokens[live].unsqueeze(1), 1.0 if greedy else top_p
+            )
+            for row, value in zip(alive[live.cpu()].tolist(), logp[:, 0].tolist()):
+                logprobs_out[row].append(value)
         running &= ~torch.isin(tokens, stops)  # [b]
         if step + 1 == max_new_tokens or not running.any():
             break  # every row still here has reached the cap, or none is left

@@ -23,6 +23,7 @@ import torch
 from adaptercl.recipe import ENGINES, RecipeConfig, RecipeError
 from adaptercl.rollout.fallback import EngineFailure, GuardedEngine
 from adaptercl.rollout.hf import HFEngine
+from adaptercl.rollout.precision import cpu_paths, rollout_dtype
 
 
 class Engines:
@@ -59,9 +60,18 @@ class Engines:
         if self.vllm is not None:
             self.vllm.close()
 
+    def cpu_paths(self, model: torch.nn.Module) -> dict[str, Any]:
+        """What the run computes with on the CPU, for its record (`rollout.precision.cpu_paths`); the rollout dtype
+        is the hf engine's (None for a vLLM engine)."""
+        return cpu_paths(rollout_dtype(self.rollout.dtype, model) if self.kind.home is None else None)
+
     def _hf(self, model: torch.nn.Module) -> HFEngine:
         return HFEngine(
-            model, self.base.tokenizer, batch_size=self.rollout.batch_size, fold_lora=self.rollout.fold_lora
+            model,
+            self.base.tokenizer,
+            batch_size=self.rollout.batch_size,
+            fold_lora=self.rollout.fold_lora,
+            dtype=rollout_dtype(self.rollout.dtype, model),
         )
 
     def _start(self, model: torch.nn.Module) -> Any:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 import torch
 from peft.tuners.lora.layer import Linear as LoraLinear
+from peft.tuners.lora.layer import LoraLayer
 
 
 def foldable_adapters(layer: torch.nn.Module) -> list[str]:
@@ -31,6 +32,18 @@ def foldable_adapters(layer: torch.nn.Module) -> list[str]:
     if any(a in layer.lora_variant for a in names):  # DoRA and other variants are not a plain B @ A
         return []
     return names
+
+
+def lora_factor_layers(model: torch.nn.Module) -> frozenset[int]:
+    """The `id`s of every LoRA layer's own A and B linear layers in `model` (PEFT's `lora_A` / `lora_B`): what a
+    reduced-precision rollout keeps in float32 (`packed_weights.packed_linears`' keep_float32)."""
+    return frozenset(
+        id(factor)
+        for layer in model.modules()
+        if isinstance(layer, LoraLayer)
+        for factors in (layer.lora_A, layer.lora_B)
+        for factor in factors.values()
+    )
 
 
 @contextmanager

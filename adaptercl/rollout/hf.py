@@ -11,6 +11,14 @@ against), because transformers' `output_logits` would keep a [batch, vocab] tens
 decoding, the active LoRA adapters are folded into float32 base weights (`folded_lora`) and, on CPU, the float32
 linear weights are packed for oneDNN (`packed_weights`); logprobs are computed unfolded and unpacked.
 
+With `dtype=torch.bfloat16` (`rollout.dtype`, CPUs with bf16 matrix units) sampled rollouts run on bf16 copies of
+the linear weights, the LoRA folded in first in float32 (`fold_lora`; unfolded, its own A and B stay float32), so the
+rows are drawn from a slightly different policy than the trainer's: each weight off by at most half a bf16 ulp of
+W + ΔW, folded or not (folding rounds W + ΔW once instead of W alone; neither loses ΔW more than W's own low bits).
+Each completion then carries the sampler's own logprobs (`decode`'s, under the distribution it drew from), which the
+trainer's rollout-mismatch weights compare with its float32 ones, as for a vLLM engine. Greedy decoding (evaluation,
+the diagnostics) stays float32: accuracy is the trained model's.
+
 Decoding is `rollout/decode.py`'s loop, not `transformers.generate`: rows that stop leave the batch, and row j of
 a call samples from its own generator seeded `rollout.row_seed(params.seed, params.first_row + j)`, so a row's
 sample depends on its seed and prompt only, not on `batch_size`, the rows beside it or a data-parallel split. The
@@ -26,8 +34,8 @@ from transformers import PreTrainedTokenizerBase
 
 from adaptercl.adapters import active_adapters
 from adaptercl.model import build_batch, output_cache, prefill, prefix_layout, response_logits, shared_prefix_limit
-from adaptercl.rollout.decode import decode
-from adaptercl.rollout.folded_lora import folded_lora
+from adaptercl.rollout.decode import decode, min_new_tokens
+from adaptercl.rollout.folded_lora import folded_lora, lora_factor_layers
 from adaptercl.rollout.packed_weights import packed_linears
 from adaptercl.rollout.protocol import Completion, SamplingParams, row_seed
 from adaptercl.rollout.truncation import sampler_logprobs
@@ -40,11 +48,13 @@ class HFEngine:
         tokenizer: PreTrainedTokenizerBase,
         batch_size: int = 64,
         fold_lora: bool = True,
+        dtype: torch.dtype = torch.float32,
     ):
         self.model = model
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.fold_lora = fold_lora
+        self.dtype = dtype  # the sampled rollouts' linear weights (module docstring); greedy decoding is float32
         self.stop_ids = stop_token_ids(model, tokenizer)
 
     def sync_adapters(self, names: list[str]) -> None:
@@ -64,15 +74,21 @@ class HFEngine:
         self.model.eval()
         expanded = [p for p in prompts for _ in range(params.n)]  # [P*n] group-contiguous
         out: list[Completion] = []
+        reduced = self.dtype != torch.float32 and not params.greedy  # sampled on bf16 weights: its own logprobs
         try:
             with active_adapters(self.model, adapters):
                 folded = folded_lora(self.model) if self.fold_lora else contextlib.nullcontext()
-                with folded, packed_linears(self.model):
+                if reduced:  # an unfolded LoRA's own A and B stay float32
+                    packed = packed_linears(self.model, self.dtype, keep_float32=lora_factor_layers(self.model))
+                else:
+                    packed = packed_linears(self.model)
+                with folded, packed:
                     for start in range(0, len(expanded), self.batch_size):
                         first = params.first_row + start
                         seeds = [row_seed(params.seed, first + i) for i in range(self.batch_size)]
-                        out.extend(self._generate_batch(expanded[start : start + self.batch_size], params, seeds))
-                if params.logprobs:
+                        batch = expanded[start : start + self.batch_size]
+                        out.extend(self._generate_batch(batch, params, seeds, own_logprobs=reduced))
+                if params.logprobs and not reduced:
                     pad_id = self.tokenizer.pad_token_id
                     top_p = 1.0 if params.greedy else params.top_p  # what decode sampled from
                     for start in range(0, len(out), self.batch_size):
@@ -84,10 +100,14 @@ class HFEngine:
             self.model.train(was_training)
         return [out[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
-    def _generate_batch(self, prompts: list[list[int]], params: SamplingParams, seeds: list[int]) -> list[Completion]:
+    def _generate_batch(
+        self, prompts: list[list[int]], params: SamplingParams, seeds: list[int], own_logprobs: bool = False
+    ) -> list[Completion]:
+        """One decode call; with `own_logprobs` each completion carries the sampler's logprobs of its tokens."""
         device = next(self.model.parameters()).device
         pad_id = self.tokenizer.pad_token_id
         input_ids, attention, cache = _prompt_inputs(self.model, prompts, pad_id, device, params.max_new_tokens)
+        logprobs: list[list[float]] = []  # [B][tokens], filled by decode when own_logprobs
         responses = decode(
             self.model,
             input_ids,  # [B, W]
@@ -100,9 +120,11 @@ class HFEngine:
             greedy=params.greedy,
             row_seeds=seeds[: len(prompts)],
             pad_id=pad_id,
+            min_tokens=min_new_tokens(self.model.generation_config, params.min_new_tokens, [len(p) for p in prompts]),
+            logprobs_out=logprobs if own_logprobs else None,
         )
         completions = []
-        for p, response in zip(prompts, responses):
+        for i, (p, response) in enumerate(zip(prompts, responses)):
             stop_at = next((j for j, t in enumerate(response) if t in self.stop_ids), None)
             tokens = response if stop_at is None else response[: stop_at + 1]
             completions.append(
@@ -111,6 +133,7 @@ class HFEngine:
                     token_ids=tokens,
                     text=self.tokenizer.decode(tokens, skip_special_tokens=True),
                     finish_reason="length" if stop_at is None else "stop",
+                    logprobs=logprobs[i][: len(tokens)] if own_logprobs else None,
                 )
             )
         return completions

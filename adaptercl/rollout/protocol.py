@@ -22,6 +22,10 @@ class SamplingParams:
     # Index of this call's first row (prompt x n) among the step's rows: a data-parallel rank rolling out its share
     # passes its offset, so the seeds a row is sampled with do not depend on how the rows are split over ranks.
     first_row: int = 0
+    # Fewest new tokens before a stop token may end a row (its stop tokens masked until then), as `generate`'s
+    # `min_new_tokens`; None: the hf engine takes the model's generation_config (min_new_tokens, else min_length
+    # less the prompt), as `generate` does (`decode.min_new_tokens`); the vLLM engines send it as `min_tokens`.
+    min_new_tokens: int | None = None
 
 
 @dataclass

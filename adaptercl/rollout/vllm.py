@@ -269,6 +269,7 @@ class VLLMEngine:
             VllmSamplingParams(
                 n=1,
                 max_tokens=params.max_new_tokens,
+                min_tokens=params.min_new_tokens or 0,  # stop tokens masked until then (0: none)
                 temperature=0.0 if params.greedy else params.temperature,
                 top_p=1.0 if params.greedy else params.top_p,
                 top_k=0,

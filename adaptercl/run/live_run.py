@@ -56,6 +56,8 @@ def load_run(recipe: RecipeConfig, run: RunDir, notify: Callable[..., Any], worl
     base = phased("load", load_base, recipe.model, recipe.quantization, world.device())
     notify("model", description=base.description)
     engines.base = base
+    if world.is_main:  # MKL's branch, the packed-weight path, the rollout dtype: cpu_paths.jsonl
+        run.record_cpu_paths(engines.cpu_paths(base.model))
     return LiveRun(recipe, run, notify, world, domains, plans, engines, base.model, base.tokenizer)
 
 

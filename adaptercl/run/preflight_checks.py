@@ -11,6 +11,8 @@ checks what a recipe says; this checks it against this machine, each problem one
   sources are not fetched here);
 - a set `rollout.max_lora_rank` holds the largest combined adapter the recipe serves (`rollout.served_lora_rank`;
   whatever the engine: `auto` may pick vLLM elsewhere);
+- `rollout.dtype: bfloat16` where the hf engine rolls out on the CPU: the CPU has bf16 matrix units
+  (`rollout.precision.check_rollout_dtype`, from /proc/cpuinfo);
 - `rollout.engine: vllm` has vLLM installed (`vllm_server` needs none here; `auto` needs none: the callers resolve
   it first, `rollout.engine_choice.resolve_engine`, and it falls back to transformers);
 - `rollout.engine: vllm_server` (with `contact_server`, as the run and `adaptercl eval` call it): the server at
@@ -39,7 +41,7 @@ from adaptercl.domains import BUILTINS, FORMATS, check_domain, check_domain_data
 from adaptercl.measure import require_trackers
 from adaptercl.model import check_lora_layers, read_model_config
 from adaptercl.recipe import ENGINES, METHODS, DomainConfig, RecipeConfig, RecipeError, RolloutServerConfig
-from adaptercl.rollout import require_vllm, served_lora_rank
+from adaptercl.rollout import check_rollout_dtype, require_vllm, served_lora_rank
 from adaptercl.run_dir import before_source
 from adaptercl.system import distributed
 
@@ -57,6 +59,7 @@ def preflight(recipe: RecipeConfig, contact_server: bool = True) -> list[str]:
     engine = ENGINES.get(recipe.stages[0].rollout.engine)  # one engine serves every stage (config checks); auto: None
     if recipe.stages[0].rollout.max_lora_rank is not None:  # set: it must hold the recipe's adapters, any engine
         served_lora_rank(recipe)
+    check_rollout_dtype(recipe)
     if engine is not None and engine.needs_local_vllm:
         require_vllm()
     if recipe.eval.lm_eval.tasks:  # lm-eval's task index: a mistyped task fails here, not after stage 1

@@ -23,6 +23,9 @@
     report.md, plots/                           the run report (`adaptercl report RUN_DIR` rebuilds it)
     rollout_engine.jsonl                        rollout.engine auto: one line per switch from a failed vLLM to
                                                 transformers: time, phase, the error (`rollout/fallback.py`)
+    cpu_paths.jsonl                             one line per start of the run: what it computes with on the CPU
+                                                (MKL's branch and why, the packed-weight path per dtype,
+                                                rollout.dtype resolved: `rollout/precision.py`)
 
 Every file is written atomically (`system/atomic.py`); a stage's `done.json` is written last and marks it finished. The
 run (`run/sequence.py`), `ship/export.py`, `measure/report.py` and the stage (`train/stage.py`) reach these paths only
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +53,7 @@ SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 PLOTS_DIR = "plots"
 ENGINE_SWITCHES_FILE = "rollout_engine.jsonl"
+CPU_PATHS_FILE = "cpu_paths.jsonl"
 BEFORE_DIR = "stage-00-before"
 # a recipe.resolved.yaml that does not parse: the run's recipe, rerun, writes it again (`RunDir.claim`)
 RECIPE_FIX = "delete it; `adaptercl recipe run` with the run's recipe writes it again"
@@ -205,6 +210,16 @@ class RunDir:
         """Append one switch of the rollout engine (`rollout.fallback.EngineFailure.record`)."""
         self.path.mkdir(parents=True, exist_ok=True)
         append_line(self.engine_switches, json.dumps(record))
+
+    @property
+    def cpu_paths(self) -> Path:
+        return self.path / CPU_PATHS_FILE
+
+    def record_cpu_paths(self, record: dict[str, Any]) -> None:
+        """Append what this start of the run computes with on the CPU (`rollout.precision.cpu_paths`), timed."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        append_line(self.cpu_paths, json.dumps({"time": stamp, **record}))
 
     def is_finished(self) -> bool:
         """Every stage is done and the summary is written, covering every domain (a grown run adds domains)."""

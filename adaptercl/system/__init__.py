@@ -3,8 +3,8 @@ reader of the records written so (`atomic.py`: `read_record`, a record that does
 the data-parallel process group and its few collectives (`distributed.py`, used whole as a namespace), one line
 saying why a hub model, dataset or URL could not be had (`offline.py`), and the libraries' notices a user can do
 nothing about, silenced one message at a time (`library_notices.py`); the run's named phases, for whoever watches
-them (`phases.py`: the rehearsal); MKL's faster code path on AMD's AVX-512 CPUs (`cpu_kernels.py`). Above the
-grammar only for `RecipeError`.
+them (`phases.py`: the rehearsal); the CPU's kernels: MKL's code path chosen by measurement and the CPU's bf16 matrix
+units (`cpu_kernels.py`). Above the grammar only for `RecipeError`.
 """
 
 from importlib import import_module
@@ -20,6 +20,12 @@ _EXPORTS = {
     "recover_dir": "atomic",
     "write_json": "atomic",
     "write_text": "atomic",
+    "BF16_UNITS": "cpu_kernels",
+    "CPUINFO": "cpu_kernels",
+    "bf16_matmul_available": "cpu_kernels",
+    "bf16_units": "cpu_kernels",
+    "cpu_fields": "cpu_kernels",
+    "cpu_kernels": "cpu_kernels",
     "prefer_fast_mkl_path": "cpu_kernels",
     "RankLost": "distributed",
     "World": "distributed",

@@ -43,9 +43,7 @@ the adapter `create_teacher` made at stage start.
 from __future__ import annotations
 
 import copy
-import functools
 import json
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -62,6 +60,7 @@ from adaptercl.adapters import active_adapters, copy_adapter, load_adapter_state
 from adaptercl.model import ResponseScores, TokenBatch, at_least_float32, response_scores
 from adaptercl.recipe import TeacherAutocast, TeacherConfig, TeacherKind
 from adaptercl.system import atomic_dir, read_record
+from adaptercl.system import bf16_matmul_available as cpu_has_bf16_matmul  # the CPU's flags have one home
 from adaptercl.teacher.mixing import ema_lora_factors, trust_region_teacher_logits
 from adaptercl.teacher.schedule import GateState, clock_refresh, gate_step
 
@@ -339,20 +338,6 @@ def teacher_autocast_dtype(model: torch.nn.Module, setting: TeacherAutocast) -> 
         if param.device.type == "cpu" and param.dtype == torch.float32 and cpu_has_bf16_matmul():
             return torch.bfloat16
     return None
-
-
-@functools.cache
-def cpu_has_bf16_matmul() -> bool:
-    """Whether the CPU has native bf16 matrix instructions (AMX-BF16 or AVX512-BF16; Linux /proc/cpuinfo flags) and
-    torch's kernels use them (its CPU capability is AVX512: `ATEN_CPU_CAPABILITY=avx2`, which emulates an AVX2-only
-    CPU, turns them off). Elsewhere bf16 autocast would be emulated and no faster: False."""
-    if torch.backends.cpu.get_cpu_capability() != "AVX512":
-        return False
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return re.search(r"\b(amx_bf16|avx512_bf16)\b", cpuinfo) is not None
 
 
 @contextmanager

@@ -9,7 +9,8 @@ transformers `generate`, no vLLM), the same reward (fraction of digit characters
 the same loss setting (DAPO token mean = adaptercl `token_mean`, eps 0.2 / 0.28, no KL, no std scaling), AdamW with
 a constant LR and grad-norm clipping at 1.0. Generation is forced to a fixed length on both sides
 (`min_new_tokens = max_new_tokens`, which masks the EOS ids until the cap), so every completion has exactly
-`max_new_tokens` tokens; the lengths seen by both are recorded (`fixed_length_ok`).
+`max_new_tokens` tokens; the lengths seen by both are recorded (`fixed_length_ok`), and a fixed-length workload whose
+lengths differ is refused (exit 1, no ratio, no result file): it would compare different amounts of work.
 
 TRL settings that differ from its defaults: `use_cpu=True`, `bf16=False` (fp32 on CPU), `activation_checkpointing=
 False` (alias `gradient_checkpointing`, on by GRPOConfig's default; adaptercl has none), `optim="adamw_torch"`,
@@ -26,20 +27,31 @@ What is timed:
   zero_grad; not the periodic logging that follows `on_step_end`). Rollout share: `_generate_single_turn`.
 The first `--warmup` steps of each are left out.
 
-Two workloads (`--workload`):
+Three workloads (`--workload`):
 - `short` (the default): the built-in arithmetic prompts (~60 tokens), 48 new tokens, generation forced to the cap on
   both sides, as above;
 - `long`: the prompts of a shipped domain (`--domain`, default math: GSM8K from ../shared/data/gsm8k, loaded by
   adaptercl's loader with recipes/hybrid.yaml's format, so both systems get the same chat messages), 256 new tokens,
   and responses of their natural length (no forced minimum: each stops at its end token or at the cap), so the
   batch is padded to its longest response as in a real run; the completion lengths of both sides are recorded
-  (`completion_len`): they are samples of the same distribution, not the same responses.
+  (`completion_len`): they are samples of the same distribution, not the same responses, so the step ratio also
+  depends on the draw;
+- `long-fixed`: the long workload's prompts with exactly `max_new_tokens` (256) new tokens on both sides (forced as
+  `short` forces them): the same work on both sides, so the ratio measures the engines, not the draw.
+
+Beside the step ratio the rollout's time per generated token is reported on each side (`rollout_ms_per_token`: a
+step's rollout time over the tokens its completions hold), the figure that compares engines whatever the lengths.
 
     python benchmarks/perf/step_time.py --model tiny-random
     python benchmarks/perf/step_time.py --model smollm2-135m-instruct --steps 10 --warmup 2
     python benchmarks/perf/step_time.py --model smollm2-135m-instruct --workload long --steps 3 --warmup 1
+    python benchmarks/perf/step_time.py --model smollm2-135m-instruct --workload long-fixed --steps 3 --warmup 1
 
-writes benchmarks/perf/results/step_time-<model>[-long].json and prints a markdown table.
+`--rollout-dtype bfloat16` (or auto) rolls adaptercl's side out on bf16 weights (`rollout.dtype`, CPUs with bf16
+matrix units), its own logprobs feeding the trainer's rollout-mismatch weights; TRL's side is unchanged.
+
+writes benchmarks/perf/results/step_time-<model>[-long|-long-fixed][-rollout-<dtype>].json and prints a markdown
+table.
 """
 
 from __future__ import annotations
@@ -64,13 +76,19 @@ from provenance import markdown_table, provenance, spread  # noqa: E402
 
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LONG_DOMAINS = {name: block for name, (_, block) in DOMAINS.items()}  # recipes/hybrid.yaml's, from ../shared/data
+# workload -> (its prompts, default new tokens, every completion forced to exactly that many)
+WORKLOADS = {"short": ("arithmetic", 48, True), "long": ("domain", 256, False), "long-fixed": ("domain", 256, True)}
+
+
+class LengthMismatch(RuntimeError):
+    """A fixed-length workload whose completions were not all `max_new_tokens` long: no ratio is given."""
 
 
 def workload_domain(args: argparse.Namespace):
     """The domain whose prompts both systems train on: built-in arithmetic (short) or a shipped one (long)."""
     from adaptercl.recipe.domain_block import DomainConfig
 
-    if args.workload == "short":
+    if WORKLOADS[args.workload][0] == "arithmetic":
         return DomainConfig(name="arithmetic", source="builtin:arithmetic")
     block = LONG_DOMAINS[args.domain]
     return DomainConfig(name=args.domain, **{**block, "source": str(args.data / block["source"])})
@@ -141,6 +159,7 @@ def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
     from adaptercl.model.base import load_base
     from adaptercl.recipe.grammar import resolve_recipe
     from adaptercl.rollout.hf import HFEngine
+    from adaptercl.rollout.precision import rollout_dtype
     from adaptercl.train.context import StageContext
 
     alarms = ("nonfinite", "divergence_collapse", "target_starvation", "repetition", "entropy_collapse")
@@ -154,6 +173,7 @@ def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
             "lora": {"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.0, "target_modules": TARGET_MODULES},
             "rollout": {
                 "engine": "hf",
+                "dtype": args.rollout_dtype,
                 "group_size": args.group_size,
                 "max_new_tokens": args.max_new_tokens,
                 "temperature": 1.0,
@@ -183,15 +203,16 @@ def adaptercl_context(args: argparse.Namespace, work: Path, model_path: str):
         format_patterns=[],
     )
     base = load_base(recipe.model, "none", torch.device("cpu"))
-    if args.workload == "short":
-        base.model.generation_config.min_new_tokens = args.max_new_tokens  # fixed-length rollouts (EOS masked)
+    if WORKLOADS[args.workload][2]:  # fixed-length rollouts: the decode loop masks the EOS ids until the cap
+        base.model.generation_config.min_new_tokens = args.max_new_tokens
     torch.manual_seed(recipe.seed)
     student = "stage-01-bench"
     model = attach_adapter(base.model, student, recipe.stages[0].lora)
     use_adapters(model, [student], trainable=student)
     stage_dir = work / "adaptercl" / stage_dir_name(recipe, 0)
     stage_dir.mkdir(parents=True)
-    engine = HFEngine(model, base.tokenizer, batch_size=args.prompts_per_step * args.group_size)
+    dtype = rollout_dtype(args.rollout_dtype, model)  # bf16: the engine's own logprobs reach the trainer's IS weights
+    engine = HFEngine(model, base.tokenizer, batch_size=args.prompts_per_step * args.group_size, dtype=dtype)
     return StageContext(recipe, 0, model, base.tokenizer, engine, domain, student, [], stage_dir)
 
 
@@ -203,10 +224,10 @@ def trl_trainer(args: argparse.Namespace, work: Path, model_path: str, ctx, call
 
     from adaptercl.adapters.live import peft_lora_config
 
-    lengths: list[int] = []
+    lengths: list[list[int]] = []  # per reward call (one per step: steps_per_generation 1), its completions' lengths
 
     def reward(prompts, completions, completion_ids, **_: Any) -> list[float]:
-        lengths.extend(len(ids) for ids in completion_ids)
+        lengths.append([len(ids) for ids in completion_ids])
         texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
         return [digit_fraction(t) for t in texts]
 
@@ -224,7 +245,7 @@ def trl_trainer(args: argparse.Namespace, work: Path, model_path: str, ctx, call
         gradient_accumulation_steps=1,
         num_iterations=1,
         max_completion_length=args.max_new_tokens,
-        generation_kwargs={"min_new_tokens": args.max_new_tokens} if args.workload == "short" else None,
+        generation_kwargs={"min_new_tokens": args.max_new_tokens} if WORKLOADS[args.workload][2] else None,
         temperature=1.0,
         top_p=1.0,
         top_k=0,
@@ -239,7 +260,7 @@ def trl_trainer(args: argparse.Namespace, work: Path, model_path: str, ctx, call
         epsilon_high=0.28,
         scale_rewards="none",
         loss_type="dapo",
-        mask_truncated_completions=False,  # short: every completion hits the cap; long: as adaptercl, kept
+        mask_truncated_completions=False,  # fixed: every completion hits the cap; long: as adaptercl, kept
         activation_checkpointing=False,  # alias gradient_checkpointing, which TRL's GRPOConfig turns on
         use_vllm=False,
         max_steps=args.warmup + args.steps,
@@ -338,8 +359,17 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if order != ["trl", "adaptercl"] * total:
         raise RuntimeError(f"the two systems did not alternate step by step: {order}")
     paired = [a / b for a, b in zip(ours, theirs)]
-    trl_lengths = trainer.completion_lengths
-    fixed = set(trl_lengths) | {r["response_len_mean"] for r in rows} | {r["response_len_max"] for r in rows}
+    trl_steps = trainer.completion_lengths  # [steps][rows]
+    trl_lengths = [n for step in trl_steps for n in step]
+    if WORKLOADS[args.workload][2]:
+        check_fixed_lengths(args.max_new_tokens, [r["response_len_mean"] for r in rows], trl_steps)
+    rows_per_step = args.prompts_per_step * args.group_size
+    ours_tokens = [r["response_len_mean"] * rows_per_step for r in rows][args.warmup :]
+    theirs_tokens = [sum(step) for step in trl_steps][args.warmup :]
+    per_token = {
+        "adaptercl": spread(ms_per_token(ours_rollout, ours_tokens)),
+        "trl": spread(ms_per_token(theirs_rollout, theirs_tokens)),
+    }
     prompt_lengths = [len(encode_chat(ctx.tokenizer, ex.messages)) for ex in ctx.domain.train]
     return {
         "model": args.model,
@@ -349,7 +379,8 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         | {k: getattr(args, k) for k in ("max_new_tokens", "lr", "seed")}
         | {"prompt_tokens": {"mean": statistics.fmean(prompt_lengths), "max": max(prompt_lengths)}}
         | {"lora": {"r": args.rank, "alpha": 2 * args.rank, "dropout": 0.0, "target_modules": TARGET_MODULES}}
-        | {"dtype": "float32", "warmup_steps": args.warmup, "timed_steps": args.steps},
+        | {"dtype": "float32", "rollout_dtype": str(ctx.engine.dtype).removeprefix("torch.")}
+        | {"warmup_steps": args.warmup, "timed_steps": args.steps},
         "completion_len": {
             "adaptercl_mean": statistics.fmean(r["response_len_mean"] for r in rows),
             "adaptercl_batch_max_mean": statistics.fmean(r["response_len_max"] for r in rows),
@@ -357,7 +388,7 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             "trl_min": min(trl_lengths, default=None),
             "trl_max": max(trl_lengths, default=None),
         },
-        "fixed_length_ok": fixed == {args.max_new_tokens} if args.workload == "short" else None,
+        "fixed_length_ok": True if WORKLOADS[args.workload][2] else None,  # else refused (check_fixed_lengths)
         "trl_activation_checkpointing": bool(trainer.args.activation_checkpointing)
         or bool(getattr(trainer.model.get_base_model(), "is_activation_checkpointing", False)),
         "attn_implementation": {
@@ -370,8 +401,37 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "trl_rollout_s": spread(theirs_rollout),
         "ratio_of_medians": statistics.median(ours) / statistics.median(theirs),
         "paired_ratio": spread(paired),
-        "raw": {"adaptercl_step_s": ours, "trl_step_s": theirs},
+        "rollout_ms_per_token": per_token,
+        "rollout_per_token_ratio": per_token["adaptercl"]["median"] / per_token["trl"]["median"],
+        "raw": {
+            "adaptercl_step_s": ours,
+            "trl_step_s": theirs,
+            "adaptercl_rollout_s": ours_rollout,
+            "trl_rollout_s": theirs_rollout,
+            "adaptercl_rollout_tokens": ours_tokens,
+            "trl_rollout_tokens": theirs_tokens,
+        },
     }
+
+
+def check_fixed_lengths(max_new_tokens: int, ours_mean: list[float], trl_steps: list[list[int]]) -> None:
+    """Raise `LengthMismatch` (one line naming both sides' lengths) unless every completion of both systems had
+    exactly `max_new_tokens` tokens. ours_mean: adaptercl's mean response length of each step (no response is longer
+    than the cap, so a mean at the cap means every one is at it); trl_steps: TRL's lengths, a list per step."""
+    trl = [n for step in trl_steps for n in step]
+    trl_off = sum(n != max_new_tokens for n in trl)
+    if trl and not trl_off and all(m == max_new_tokens for m in ours_mean):
+        return
+    raise LengthMismatch(
+        f"refused: the fixed-length workload ({max_new_tokens} new tokens) had other lengths: adaptercl's mean per "
+        f"step {[round(m, 1) for m in ours_mean]}, TRL's {min(trl, default=None)}-{max(trl, default=None)} "
+        f"({trl_off} of {len(trl)} not {max_new_tokens}); no ratio is given for unequal work"
+    )
+
+
+def ms_per_token(rollout_s: list[float], tokens: list[float]) -> list[float]:
+    """Each step's rollout time per generated token, in milliseconds: [steps]."""
+    return [1000.0 * s / n for s, n in zip(rollout_s, tokens)]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -379,49 +439,62 @@ def markdown(result: dict[str, Any]) -> str:
     rows = []
     for name, key in (("adaptercl", "adaptercl"), ("TRL GRPOTrainer", "trl")):
         s, r = result[f"{key}_step_s"], result[f"{key}_rollout_s"]
-        rows.append([name, s["median"], f"{s['q1']:.3f}-{s['q3']:.3f}", f"{s['min']:.3f}-{s['max']:.3f}", r["median"]])
+        per_token = result["rollout_ms_per_token"][key]["median"]
+        spans = f"{s['q1']:.3f}-{s['q3']:.3f}", f"{s['min']:.3f}-{s['max']:.3f}"
+        rows.append([name, s["median"], *spans, r["median"], f"{per_token:.2f}"])
     p = result["paired_ratio"]
     prompts = f"{w.get('domain') or 'arithmetic'} prompts (mean {w['prompt_tokens']['mean']:.0f} tokens)"
-    tokens = f"{w['max_new_tokens']} tokens" + (" at most (natural length)" if w["workload"] == "long" else "")
+    fixed = WORKLOADS[w["workload"]][2]
+    tokens = f"{w['max_new_tokens']} tokens" + (" exactly" if fixed else " at most (natural length)")
     return (
         f"### GRPO step time, {result['model']}, {w['workload']} workload: {w['prompts_per_step']} {prompts} x "
-        f"{w['group_size']} samples x {tokens}, LoRA r{w['lora']['r']}, fp32 CPU, {w['timed_steps']} timed steps\n\n"
-        + markdown_table(["system", "median s", "IQR s", "min-max s", "rollout median s"], rows)
+        f"{w['group_size']} samples x {tokens}, LoRA r{w['lora']['r']}, fp32 CPU (adaptercl's rollouts "
+        f"{w['rollout_dtype']}), {w['timed_steps']} timed steps\n\n"
+        + markdown_table(["system", "median s", "IQR s", "min-max s", "rollout median s", "rollout ms/token"], rows)
         + f"\n\nadaptercl / TRL: ratio of medians {result['ratio_of_medians']:.3f}; paired per-step ratio median "
-        f"{p['median']:.3f} (min {p['min']:.3f}, max {p['max']:.3f}). Completion length: adaptercl "
-        f"{result['completion_len']['adaptercl_mean']:.1f}, TRL {result['completion_len']['trl_mean']}"
-        + (" (WARNING: not all completions had max_new_tokens tokens)" if result["fixed_length_ok"] is False else "")
-        + ".\n"
+        f"{p['median']:.3f} (min {p['min']:.3f}, max {p['max']:.3f}); rollout time per generated token "
+        f"{result['rollout_per_token_ratio']:.3f}. Completion length: adaptercl "
+        f"{result['completion_len']['adaptercl_mean']:.1f}, TRL {result['completion_len']['trl_mean']:.1f}.\n"
     )
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_workload_arguments(parser, prompts_per_step=2, max_new_tokens=None)
-    parser.add_argument("--workload", choices=["short", "long"], default="short", help="see the module docstring")
-    parser.add_argument("--domain", choices=sorted(LONG_DOMAINS), default="math", help="--workload long: its prompts")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="short", help="see the module docstring")
+    parser.add_argument("--domain", choices=sorted(LONG_DOMAINS), default="math", help="--workload long*: its prompts")
     parser.add_argument("--data", type=Path, default=DATA, help="the shared data folder (default ../shared/data)")
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument(
+        "--rollout-dtype", choices=["float32", "bfloat16", "auto"], default="float32", help="adaptercl's rollout.dtype"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="steps of each system left out of the statistics")
     parser.add_argument("--steps", type=int, default=10, help="timed steps of each system")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's own)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=None, help="results folder (default benchmarks/perf/results)")
     args = parser.parse_args()
-    args.max_new_tokens = args.max_new_tokens or (48 if args.workload == "short" else 256)
-    if args.workload == "short":
+    prompts, default_tokens, _ = WORKLOADS[args.workload]
+    args.max_new_tokens = args.max_new_tokens or default_tokens
+    if prompts == "arithmetic":
         args.domain = None
     if args.threads:
         import torch
 
         torch.set_num_threads(args.threads)
     info = provenance()
-    result = {**info, **run(args)}
-    name = "step_time-" + Path(args.model).name + ("-long" if args.workload == "long" else "")
+    try:
+        result = {**info, **run(args)}
+    except LengthMismatch as refusal:
+        print(refusal, file=sys.stderr)
+        return 1
+    name = "step_time-" + Path(args.model).name + ("" if args.workload == "short" else f"-{args.workload}")
+    name += "" if args.rollout_dtype == "float32" else f"-rollout-{args.rollout_dtype}"
     path = write_result(name, result, args.out)
     print(markdown(result))
     print(f"written: {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,8 +1,14 @@
-"""oneDNN-packed linear weights while decoding: the products equal `F.linear`'s up to float32 summation order,
-layers come back as they were (also after an error), autograd never runs on the packed path, only float32 CPU
-`nn.Linear` layers are packed, and the engine decodes on them."""
+"""oneDNN-packed linear weights while decoding: the products equal `F.linear`'s up to float32 summation order (in
+bf16: of the bf16-rounded operands, rounded once), layers come back as they were (also after an error; an instance's
+own forward, an accelerate hook's, put back), autograd never runs on the packed path, only float32 CPU `nn.Linear`
+layers are packed, the engine decodes on them; and the fallbacks: ops missing, with another signature or
+disagreeing with `F.linear` (one logged line, the plain path), oneDNN disabled, a block inside another."""
 
 from __future__ import annotations
+
+import logging
+import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,6 +18,7 @@ from adaptercl.model.base import load_base
 from adaptercl.recipe.grammar import ModelConfig
 from adaptercl.rollout import SamplingParams
 from adaptercl.rollout import hf as hf_engine
+from adaptercl.rollout import packed_weights as pw
 from adaptercl.rollout.packed_weights import onednn_available, packable, packed_linears
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN packed-linear ops")
@@ -101,3 +108,122 @@ def test_the_engine_decodes_on_packed_weights(monkeypatch):
     linears = sum(type(m) is torch.nn.Linear for m in base.model.modules())
     assert counts == [linears] and linears > 0
     assert all("forward" not in m.__dict__ for m in base.model.modules())
+
+
+# ------------------------------------------------------------------ the fallbacks: the private ops cannot take a rollout down
+
+
+@pytest.fixture
+def fresh_probe():
+    """The probe is cached per process: cleared before and after, so a faked namespace is probed and forgotten."""
+    pw.onednn_refusal.cache_clear()
+    yield
+    pw.onednn_refusal.cache_clear()
+
+
+def check_plain_fallback(caplog, match: str) -> None:
+    """The block packs nothing, the layer gives MKL's F.linear bit for bit, and one line said why, once."""
+    linear = torch.nn.Linear(16, 8)
+    x = torch.randn(3, 16)
+    with caplog.at_level(logging.WARNING, logger=pw.__name__), torch.no_grad():
+        for _ in range(2):  # a second block is not probed (nor said) again
+            with packed_linears(linear) as count:
+                assert count == 0 and "forward" not in linear.__dict__
+                assert torch.equal(linear(x), F.linear(x, linear.weight, linear.bias))
+    lines = [r.getMessage() for r in caplog.records if r.name == pw.__name__]
+    assert len(lines) == 1 and re.search(match, lines[0]) and "plain F.linear instead" in lines[0], lines
+
+
+def test_missing_ops_fall_back_to_the_plain_path_with_one_line(monkeypatch, caplog, fresh_probe):
+    monkeypatch.setattr(pw, "_onednn_ops", lambda: SimpleNamespace(_reorder_linear_weight=lambda *a: None))
+    check_plain_fallback(caplog, r"no torch\.ops\.mkldnn\._linear_pointwise")
+
+
+def test_ops_with_a_changed_signature_fall_back(monkeypatch, caplog, fresh_probe):
+    real = torch.ops.mkldnn
+
+    def newer(x, packed, bias, attr, scalars):  # a release that dropped an argument
+        return real._linear_pointwise(x, packed, bias, attr, scalars, "")
+
+    monkeypatch.setattr(pw, "_onednn_ops", lambda: SimpleNamespace(
+        _reorder_linear_weight=real._reorder_linear_weight, _linear_pointwise=newer))  # fmt: skip
+    check_plain_fallback(caplog, r"failed on a probe \(TypeError")
+
+
+def test_ops_that_disagree_with_linear_fall_back(monkeypatch, caplog, fresh_probe):
+    real = torch.ops.mkldnn
+    off = lambda *a: real._linear_pointwise(*a) * (1 + 1e-3)  # noqa: E731 - wrong by 1e-3 relative, far beyond rounding
+    monkeypatch.setattr(pw, "_onednn_ops", lambda: SimpleNamespace(
+        _reorder_linear_weight=real._reorder_linear_weight, _linear_pointwise=off))  # fmt: skip
+    check_plain_fallback(caplog, r"disagrees with F\.linear")
+
+
+def test_mkldnn_disabled_is_honoured(monkeypatch):
+    linear = torch.nn.Linear(16, 8)
+    x = torch.randn(3, 16)
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)
+    with torch.no_grad(), packed_linears(linear) as count:
+        assert count == 0 and torch.equal(linear(x), F.linear(x, linear.weight, linear.bias))
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)
+    with torch.no_grad(), packed_linears(linear) as count:  # enabled again: packed
+        assert count == 1
+
+
+def test_an_instance_forward_an_accelerate_hook_installed_runs_and_comes_back():
+    from accelerate.hooks import ModelHook, add_hook_to_module
+
+    class Counting(ModelHook):
+        calls = 0
+
+        def pre_forward(self, module, *args, **kwargs):
+            Counting.calls += 1
+            return args, kwargs
+
+    linear = torch.nn.Linear(16, 8)
+    add_hook_to_module(linear, Counting())
+    hooked = linear.__dict__["forward"]
+    x = torch.randn(3, 16)
+    with packed_linears(linear) as count:
+        assert count == 1 and linear.__dict__["forward"] is not hooked
+        out = linear(x)  # autograd on: the layer's own forward, which is the hook's
+        assert Counting.calls == 1 and torch.equal(out, F.linear(x, linear.weight, linear.bias))
+    assert linear.__dict__["forward"] is hooked  # put back, not deleted
+    linear(x)
+    assert Counting.calls == 2
+
+
+def test_a_block_inside_another_leaves_the_outer_layers_to_it():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    with torch.no_grad(), packed_linears(model) as outer:
+        packed = [m.__dict__["forward"] for m in model]
+        with packed_linears(model) as inner:
+            assert inner == 0 and [m.__dict__["forward"] for m in model] == packed
+        assert outer == 2 and [m.__dict__["forward"] for m in model] == packed  # still packed after the inner block
+    assert all("forward" not in m.__dict__ for m in model)
+
+
+@pytest.mark.parametrize("rows", [1, 8, 37])
+def test_a_bf16_block_multiplies_the_bf16_rounded_input_and_weight(rows):
+    """The product of bf16(x) and bf16(W) accumulated in float32 (within float32's summation bound of the exact one),
+    rounded once to bf16 (half an ulp: 2^-9 of its value; 2^-8 allowed). Where oneDNN's bf16 product does not run
+    (a CPU without AVX-512 BW/VL/DQ, or CI's AVX2 emulation) the block packs nothing: MKL's float32 product."""
+    torch.manual_seed(rows)
+    linear, kept = torch.nn.Linear(96, 80), torch.nn.Linear(96, 80)
+    model = torch.nn.ModuleList([linear, kept])
+    x = torch.randn(rows, 96)
+    with torch.no_grad():
+        with packed_linears(model, torch.bfloat16, keep_float32=frozenset({id(kept)})) as count:
+            packed, fp32 = linear(x), kept(x)
+    if not pw.onednn_available(torch.bfloat16):
+        assert count == 0 and torch.equal(packed, F.linear(x, linear.weight, linear.bias))
+        return
+    with torch.no_grad():
+        rounded = torch.nn.Linear(96, 80)
+        rounded.weight.copy_(linear.weight.bfloat16().float())
+        rounded.bias.copy_(linear.bias.bfloat16().float())
+        exact = F.linear(x.bfloat16().double(), rounded.weight.double(), rounded.bias.double())  # [rows, 80]
+    assert count == 2 and packed.dtype == torch.float32
+    xr = x.bfloat16().float()
+    assert ((packed.double() - exact).abs() <= summation_bound(xr, rounded) + exact.abs() * 2.0**-8).all()
+    assert not torch.equal(packed, F.linear(x, linear.weight, linear.bias))  # not the float32 product
+    assert (fp32 - F.linear(x, kept.weight, kept.bias)).abs().le(summation_bound(x, kept)).all()  # kept float32

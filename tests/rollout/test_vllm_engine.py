@@ -509,3 +509,20 @@ def test_stage_runs_end_to_end_with_the_vllm_engine(tmp_path, method):
         assert [m["step"] for m in lines] == [1, 2]
         if method == "sdpo":  # fp32: vLLM's logprobs are the trainer's, so the rollout-mismatch weight is 1
             assert all(abs(m["is_weight_mean"] - 1.0) < 1e-3 for m in lines if "is_weight_mean" in m)
+
+
+@pytest.mark.vllm
+def test_a_minimum_length_holds_as_in_transformers(tiny):
+    """`min_new_tokens` reaches vLLM as `min_tokens`: greedy rows that stopped early on the base now run to at least
+    the minimum (5 tokens past the earliest stop), the same tokens as the hf engine's (its decode loop masks the stop
+    tokens as generate does)."""
+    model, tok, engine = tiny
+    hf = HFEngine(model, tok)
+    prompts = encode(tok, [chr(c) * 3 for c in range(ord("a"), ord("z") + 1)])  # some stop early on the base
+    free = [g[0].token_ids for g in hf.generate(prompts, None, SamplingParams(max_new_tokens=48, greedy=True))]
+    minimum = min(len(r) for r in free) + 5  # past the earliest stop, below the cap
+    assert minimum < 48
+    held = SamplingParams(max_new_tokens=48, greedy=True, min_new_tokens=minimum)
+    ours = [g[0].token_ids for g in engine.generate(prompts, None, held)]
+    assert ours == [g[0].token_ids for g in hf.generate(prompts, None, held)]
+    assert min(len(r) for r in ours) >= minimum and ours != free
