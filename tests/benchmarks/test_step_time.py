@@ -1,10 +1,15 @@
 """benchmarks/perf/step_time.py: a fixed-length workload whose lengths differ is refused (no ratio), the rollout's
-time per generated token is each step's rollout time over its tokens, and a real run of the short workload on the
-tiny model has every completion at the cap on both sides (the decode loop honours min_new_tokens)."""
+time per generated token is each step's rollout time over its tokens, a real run of the short workload on the tiny
+model has every completion at the cap on both sides (the decode loop honours min_new_tokens), and the SDPO comparison
+gives TRL's SDPOTrainer the teacher prompts adaptercl's sdpo stage builds, distils every row on both sides and lists
+what it could not make equal in its docstring and its result alike."""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -13,6 +18,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "perf"))
 import step_time as st  # noqa: E402
+import step_time_trl as st_trl  # noqa: E402
+import step_time_workload as st_workload  # noqa: E402
+
+
+@pytest.fixture
+def trl_environ_restored():
+    """TRL's trainers import vLLM where it is installed, and vLLM writes os.environ when imported (LD_LIBRARY_PATH,
+    TORCHINDUCTOR_*, ...): the environment as it was, afterwards."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_equal_lengths_pass_and_any_other_length_is_refused_naming_both_sides():
@@ -35,12 +52,74 @@ def test_the_workloads():
     assert st.WORKLOADS["long"][2] is False and st.WORKLOADS["short"] == ("arithmetic", 48, True)
 
 
+def test_result_names_keep_grpo_files_and_mark_sdpo_ones():
+    def name(**kw):
+        base = {"method": "grpo", "model": "smollm2-135m-instruct", "workload": "short", "rollout_dtype": "float32"}
+        return st.result_name(argparse.Namespace(**(base | kw)))
+
+    assert name() == "step_time-smollm2-135m-instruct"  # the committed GRPO results keep their names
+    assert name(workload="long-fixed", rollout_dtype="bfloat16") == (
+        "step_time-smollm2-135m-instruct-long-fixed-rollout-bfloat16"
+    )
+    assert name(method="sdpo", workload="long") == "step_time-sdpo-smollm2-135m-instruct-long"
+
+
+def test_every_sdpo_difference_is_in_the_scripts_docstring_word_for_word():
+    words = " ".join(st.__doc__.split())
+    for difference in st_trl.SDPO_DIFFERENCES:
+        assert " ".join(difference.split()) in words, difference[:40]
+
+
+def tiny_args(tmp_path: Path, method: str, *extra: str) -> list[str]:
+    """step_time.py's arguments for 2 prompts x 2 samples x 8 tokens on the tiny model, results in tmp_path."""
+    argv = ["--method", method, "--model", "tiny-random", "--steps", "1", "--warmup", "0", "--max-new-tokens", "8"]
+    return [*argv, "--group-size", "2", "--out", str(tmp_path), *extra]
+
+
+def test_trl_sdpo_teacher_prompts_are_adaptercls(tmp_path, trl_environ_restored):
+    """The SDPOTrainer the script builds, given 2 groups of 2 completions with rewards [0.4, 0.6] and [1.0, 1.0],
+    shows each sample the same teacher prompt token for token as adaptercl's sdpo stage (`sdpo_teacher_prompts` with
+    the stage's distill block, `encode_chat`): sample 0 its successful sibling 1, sample 1 nothing (its only sibling
+    scored 0.4, under the 0.5 threshold; itself excluded), samples 2 and 3 each other."""
+    import torch
+
+    from adaptercl.model.batching import encode_chat
+    from adaptercl.teacher.prompts import sdpo_teacher_prompts
+
+    args = argparse.Namespace(
+        method="sdpo", workload="short", domain=None, prompts_per_step=2, group_size=2, max_new_tokens=8, rank=4,
+        lr=1e-5, rollout_dtype="float32", warmup=0, steps=1, seed=0,
+    )  # fmt: skip
+    model_path, _ = st_workload.plain_model_folder("tiny-random", tmp_path)
+    ctx = st_workload.adaptercl_context(args, tmp_path, model_path)
+    trainer = st_trl.sdpo_trainer(args, tmp_path, model_path, ctx)
+    tok = ctx.tokenizer
+    prompts = [ex.messages for ex in ctx.domain.train[:2] for _ in range(2)]
+    answers = ["12 + 5 = 17", "<think>hm</think> 17", "The answer is 9.", "9"]
+    ids = [tok(a, add_special_tokens=False)["input_ids"] for a in answers]
+    width = max(map(len, ids))
+    completion_ids = torch.tensor([i + [tok.pad_token_id] * (width - len(i)) for i in ids])  # [4, R] right-padded
+    completion_mask = torch.tensor([[1] * len(i) + [0] * (width - len(i)) for i in ids])
+    rewards = torch.tensor([0.4, 0.6, 1.0, 1.0])
+    out = trainer.teacher_context_builder.build(
+        {"completion_ids": completion_ids, "completion_mask": completion_mask}, prompts, rewards
+    )
+    texts = [tok.decode(i, skip_special_tokens=True) for i in ids]
+    succeeded = [r >= ctx.stage.distill.success_threshold for r in rewards.tolist()]
+    ours = sdpo_teacher_prompts(prompts, texts, succeeded, [None] * 4, 2, ctx.stage.distill)
+    assert ours.has_target == [True, False, True, True]
+    assert out["self_distillation_mask"].tolist() == [1.0, 0.0, 1.0, 1.0]
+    for row in range(4):
+        prompt_part = out["teacher_input_ids"][row, :-width][out["teacher_attention_mask"][row, :-width].bool()]
+        assert prompt_part.tolist() == encode_chat(tok, ours.messages[row]), row
+    assert "<think>" not in tok.decode(out["teacher_input_ids"][0])  # the shown sibling's think block is stripped
+
+
 @pytest.mark.slow
-def test_the_short_workload_is_fixed_length_on_both_sides(tmp_path, monkeypatch):
+def test_the_short_workload_is_fixed_length_on_both_sides(tmp_path, monkeypatch, trl_environ_restored):
     """The real script on the tiny model (1 timed step of 2 x 2 rows x 8 tokens): it writes a result, so neither
     side's lengths differed from the cap; the per-token figures are the rollout time over 4 x 8 tokens."""
-    argv = ["step_time.py", "--model", "tiny-random", "--steps", "1", "--warmup", "0", "--max-new-tokens", "8"]
-    monkeypatch.setattr(sys, "argv", [*argv, "--group-size", "2", "--out", str(tmp_path)])
+    monkeypatch.setattr(sys, "argv", ["step_time.py", *tiny_args(tmp_path, "grpo")])
     monkeypatch.setattr(st, "provenance", lambda: {})  # the command, git and machine: not what is tested
     assert st.main() == 0
     result = json.loads((tmp_path / "step_time-tiny-random.json").read_text())
@@ -49,3 +128,29 @@ def test_the_short_workload_is_fixed_length_on_both_sides(tmp_path, monkeypatch)
     assert result["raw"]["adaptercl_rollout_tokens"] == [32] and result["raw"]["trl_rollout_tokens"] == [32]
     expected = 1000 * result["raw"]["adaptercl_rollout_s"][0] / 32
     assert result["rollout_ms_per_token"]["adaptercl"]["median"] == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.slow
+def test_sdpo_distils_every_row_on_both_sides_at_fixed_length(tmp_path, monkeypatch, trl_environ_restored):
+    """`--method sdpo` on the tiny model, 2 steps: both sides at the cap, every row of every step with a teacher
+    target on both sides (the full-marks reward), teacher prompts longer than the students' (they hold a sibling),
+    the same distillation settings, the training part = step - rollout, and the differences recorded."""
+    monkeypatch.setattr(sys, "argv", ["step_time.py", *tiny_args(tmp_path, "sdpo", "--steps", "2")])
+    monkeypatch.setattr(st, "provenance", lambda: {})
+    assert st.main() == 0
+    result = json.loads((tmp_path / "step_time-sdpo-tiny-random.json").read_text())
+    assert result["method"] == "sdpo" and result["fixed_length_ok"] is True
+    assert result["raw"]["adaptercl_rollout_tokens"] == [32, 32] and result["raw"]["trl_rollout_tokens"] == [32, 32]
+    teacher = result["teacher"]
+    assert teacher["adaptercl"]["rows_with_target"] == [1.0, 1.0] == teacher["trl"]["rows_with_target"]
+    for side in ("adaptercl", "trl"):
+        assert min(teacher[side]["prompt_tokens_mean"]) > result["workload"]["prompt_tokens"]["max"]
+    ours, trl = result["settings"]["adaptercl"], result["settings"]["trl"]
+    assert (ours["alpha"], ours["topk"], ours["tail"]) == (0.5, 100, True)
+    assert (trl["distillation_alpha"], trl["distillation_topk"], trl["distillation_add_tail"]) == (0.5, 100, True)
+    assert ours["teacher"]["tau"] == trl["teacher_update_rate"] == 0.05
+    assert ours["success_threshold"] == trl["success_reward_threshold"]
+    raw = result["raw"]
+    training = [s - r for s, r in zip(raw["trl_step_s"], raw["trl_rollout_s"])]
+    assert result["trl_training_s"]["median"] == pytest.approx(statistics.median(training), rel=1e-12)  # same sums
+    assert result["differences"] == st_trl.SDPO_DIFFERENCES
