@@ -63,6 +63,7 @@ def _forward_rows(model: torch.nn.Module, rows: list[list[int]], pad_id: int) ->
     return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
 
 
+@torch.no_grad()
 def option_scores(
     model: torch.nn.Module, tokenizer: Any, prompts: list[str], options: list[list[str]]
 ) -> list[list[float]]:

@@ -31,7 +31,7 @@ from adaptercl.model.base import load_base
 from adaptercl.recipe.grammar import ModelConfig, resolve_recipe
 from adaptercl.rollout import hf
 from adaptercl.rollout.protocol import SamplingParams
-from adaptercl.run import sequence
+from adaptercl.run import live_run
 from adaptercl.run.sequence import run_recipe
 from adaptercl.ship.export import export_run
 from adaptercl.train import stage as stage_module
@@ -160,7 +160,7 @@ def folders(tmp_path_factory) -> dict[str, Path]:
 def test_model_family(family, folders, tmp_path, monkeypatch):
     folder = folders[family]
     check_rollouts(folder)
-    monkeypatch.setattr(sequence, "write_report", lambda run_dir: None)  # plots of JSON files: not the family's part
+    monkeypatch.setattr(live_run, "write_report", lambda run_dir: None)  # plots of JSON files: not the family's part
 
     run = tmp_path / "run"
     run_recipe(resolve_recipe(family_recipe(folder, run, STAGES)))

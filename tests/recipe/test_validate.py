@@ -234,7 +234,7 @@ def test_a_run_fetches_an_uncached_hub_models_config_alone_and_refuses_before_lo
 
     import huggingface_hub
 
-    import adaptercl.run.sequence
+    import adaptercl.run.live_run
 
     fetched = []
 
@@ -250,7 +250,7 @@ def test_a_run_fetches_an_uncached_hub_models_config_alone_and_refuses_before_lo
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # empty
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
-    monkeypatch.setattr(adaptercl.run.sequence, "load_base", no_load)
+    monkeypatch.setattr(adaptercl.run.live_run, "load_base", no_load)
     run_dir = tmp_path / "run"
     args = ["model.name=adaptercl-test/remote", "lora.layers=[4]", f"output_dir={run_dir}"]
     assert main(["recipe", "run", QUICKSTART, *args]) == 2

@@ -178,12 +178,12 @@ def test_a_run_against_an_unreachable_server_ends_with_one_line_and_exit_2_befor
     loopback port is one line and exit 2, the base is never loaded and the run directory never created."""
     import yaml
 
-    import adaptercl.run.sequence
+    import adaptercl.run.live_run
 
     def no_load(*args, **kwargs):
         raise AssertionError("load_base was called before the server was checked")
 
-    monkeypatch.setattr(adaptercl.run.sequence, "load_base", no_load)
+    monkeypatch.setattr(adaptercl.run.live_run, "load_base", no_load)
     port = free_port()  # bound, then closed: nothing listens there
     recipe = tmp_path / "r.yaml"
     recipe.write_text(yaml.safe_dump(raw_recipe(tmp_path / "run", url=f"http://127.0.0.1:{port}")))

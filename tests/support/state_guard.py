@@ -28,6 +28,7 @@ NOT_COUNTED = {
     "PYTEST_CURRENT_TEST": "pytest's own",
     "KMP_DUPLICATE_LIB_OK": "scikit-learn sets it on import (threadpoolctl's workaround for two OpenMP runtimes)",
     "TORCHINDUCTOR_CACHE_DIR": "torch._inductor sets its cache folder when first imported",
+    "LD_LIBRARY_PATH": "opencv (cv2, which transformers' image utilities import) prepends its library folder on import",
 }
 
 
