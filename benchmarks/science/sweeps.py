@@ -136,8 +136,10 @@ COLLECTIONS: dict[str, Collection] = {
         "calc_says-calc_hash", S2_SEEDS, "frontier_reverse", "runs/science-frontier-reverse",
         settings=ISSUE43_SETTINGS, shares_row0_from="grpo",
     ),
+    # S3: the pilots' choice by the pre-registered rule (README "Issue 43", pilots_s3.md): of the two candidates that
+    # qualified, the higher lower end of GRPO's forgetting interval (0.380 against 0.140)
     "frontier_three": Collection(
-        None, S3_SEEDS, "frontier_three", "runs/science-frontier-three", needs_sequence=True,
+        "toolcall-calc_hash-calc_says", S3_SEEDS, "frontier_three", "runs/science-frontier-three", needs_sequence=True,
         settings=ISSUE43_SETTINGS, shares_row0_from="grpo",
     ),
 }  # fmt: skip
