@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptercl.recipe import RecipeConfig, RecipeError
+from adaptercl.run_dir.growth import first_difference
 from adaptercl.run_dir.layout import BEFORE_DIR, RunDir, open_run_dir
 
 # rollout fields that only shape sampled rollouts: row 0 is greedy
@@ -38,23 +39,6 @@ def before_row_inputs(recipe: RecipeConfig) -> dict[str, Any]:
         "eval": {**{k: dump["eval"][k] for k in ROW_FIELDS}, "max_new_tokens": recipe.eval_max_new_tokens},
         "rollout": {k: v for k, v in rollout.items() if k not in SAMPLING_ONLY},
     }
-
-
-def first_difference(a: Any, b: Any, path: str = "") -> tuple[str, Any, Any] | None:
-    """The first dotted path at which two plain values differ, with both values; None when equal."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in list(a) + [k for k in b if k not in a]:
-            found = first_difference(a.get(key), b.get(key), f"{path}.{key}" if path else str(key))
-            if found is not None:
-                return found
-        return None
-    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            found = first_difference(x, y, f"{path}[{i}]")
-            if found is not None:
-                return found
-        return None
-    return None if a == b else (path, a, b)
 
 
 def before_source(recipe: RecipeConfig) -> RunDir | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 from peft import PeftModel
+from reference_generate import greedy_generate, left_padded
 from safetensors.torch import load_file
 from tiny_families import FAMILIES, write_tiny_family
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -98,21 +99,7 @@ def adapted_modules(adapter_dir: Path) -> dict[int, set[str]]:
 
 def plain_generate(model, prompts: list[list[int]], pad_id: int, stop_ids: list[int], n: int) -> list[list[int]]:
     """`transformers.generate`, greedy, on the plain left-padded batch; each row cut after its first stop id."""
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=stop_ids,
-            pad_token_id=pad_id,
-        )  # fmt: skip
-    rows = []
-    for row in out[:, width:].tolist():
-        stop = next((j for j, t in enumerate(row) if t in stop_ids), None)
-        rows.append(row if stop is None else row[: stop + 1])
-    return rows
+    return greedy_generate(model, *left_padded(prompts, pad_id), stop_ids, pad_id, n)
 
 
 def in_float64(model: torch.nn.Module) -> torch.nn.Module:

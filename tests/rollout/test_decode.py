@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from reference_generate import reference_generate
 
 from adaptercl.rollout import hf
 from adaptercl.rollout.decode import sample_tokens
@@ -24,28 +25,6 @@ def tiny():
     base = load_base(ModelConfig(name="tiny-random"), "none")
     base.model.eval()
     return base
-
-
-def reference_generate(model, engine, prompts, max_new_tokens):
-    """transformers.generate, greedy, on the engine's own prompt layout; each row cut after its first stop id."""
-    ids, mask, cache = hf._prompt_inputs(model, prompts, engine.tokenizer.pad_token_id, torch.device("cpu"))
-    from adaptercl.model import CACHE
-
-    with torch.no_grad():
-        sequences = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=max_new_tokens,
-            eos_token_id=engine.stop_ids,
-            pad_token_id=engine.tokenizer.pad_token_id,
-            do_sample=False,
-            **{CACHE: cache},
-        )
-    rows = []
-    for row in sequences[:, ids.shape[1] :].tolist():
-        stop = next((j for j, t in enumerate(row) if t in engine.stop_ids), None)
-        rows.append(row if stop is None else row[: stop + 1])
-    return rows
 
 
 def stopping_engine(tiny, prompts, n):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from reference_generate import greedy_generate, left_padded
 from tiny_families import write_tiny_family
 
 from adaptercl.model.base import load_base
@@ -37,21 +38,7 @@ def tiny(tmp_path_factory):
 
 def generate_rows(model, prompts: list[list[int]], pad_id: int, stop_ids: list[int], n: int) -> list[list[int]]:
     """`transformers.generate`, greedy, on the plain left-padded batch; each row cut after its first stop id."""
-    width = max(map(len, prompts))
-    ids = torch.full((len(prompts), width), pad_id)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=stop_ids,
-            pad_token_id=pad_id,
-        )  # fmt: skip
-    rows = []
-    for row in out[:, width:].tolist():
-        stop = next((j for j, t in enumerate(row) if t in stop_ids), None)
-        rows.append(row if stop is None else row[: stop + 1])
-    return rows
+    return greedy_generate(model, *left_padded(prompts, pad_id), stop_ids, pad_id, n)
 
 
 def run(engine, prompts, model) -> tuple[list[list[int]], list[int]]:

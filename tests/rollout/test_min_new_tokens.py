@@ -7,9 +7,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-import torch
+from reference_generate import reference_generate
 
-from adaptercl.model import CACHE
 from adaptercl.rollout import hf
 from adaptercl.rollout.decode import min_new_tokens
 from adaptercl.rollout.protocol import SamplingParams
@@ -31,23 +30,7 @@ def tiny():
 def generate_rows(model, engine, prompts, **lengths) -> list[list[int]]:
     """transformers.generate, greedy, on the engine's own prompt layout, with `lengths` (min_new_tokens, min_length)
     passed as generate's own arguments; each row cut after its first stop id."""
-    ids, mask, cache = hf._prompt_inputs(model, prompts, engine.tokenizer.pad_token_id, torch.device("cpu"))
-    with torch.no_grad():
-        sequences = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
-            max_new_tokens=CAP,
-            eos_token_id=engine.stop_ids,
-            pad_token_id=engine.tokenizer.pad_token_id,
-            do_sample=False,
-            **lengths,
-            **{CACHE: cache},
-        )
-    rows = []
-    for row in sequences[:, ids.shape[1] :].tolist():
-        stop = next((j for j, t in enumerate(row) if t in engine.stop_ids), None)
-        rows.append(row if stop is None else row[: stop + 1])
-    return rows
+    return reference_generate(model, engine, prompts, CAP, **lengths)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ import pytest
 from adaptercl.recipe import RecipeError
 from adaptercl.recipe.grammar import resolve_recipe
 from adaptercl.run.sequence import run_recipe
-from adaptercl.run_dir.before_row import before_row_inputs, first_difference
+from adaptercl.run_dir.before_row import before_row_inputs
+from adaptercl.run_dir.growth import first_difference
 
 
 def recipe(out, method="grpo", **top) -> dict:
