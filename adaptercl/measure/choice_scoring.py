@@ -1,13 +1,12 @@
-"""Multiple-choice evaluation by log-likelihood: which option letter the model finds most likely as its answer.
-
-A retention probe (ARC, BoolQ, PIQA, Winogrande, or any domain scored by `choice_letter`) shows the question with
+"""Multiple-choice evaluation by log-likelihood: which option letter the model finds most likely as its answer. A
+retention probe (ARC, BoolQ, PIQA, Winogrande, or any domain scored by `choice_letter`) shows the question with
 lettered options and asks for the letter. Instead of generating a reply and reading a letter out of it, the model
 scores each option's letter as the start of its reply, the continuation of the chat-templated prompt (the assistant
 generation prompt included), and picks the most likely one: lm-evaluation-harness's multiple-choice `acc` (the sum of
 the continuation's token log-probabilities, argmax over the options), with the options lettered in the prompt as its
 MMLU tasks show them. One forward per example when every letter is one token (the usual case: all options share the
-prompt), one per option otherwise. The chosen letter is then scored by the domain's own reward, so a probe is correct
-exactly when a generated reply that began with that letter would be.
+prompt), one per option otherwise; the LM head runs on the scored positions only. The chosen letter is then scored by
+the domain's own reward, so a probe is correct exactly when a generated reply that began with that letter would be.
 
 It measures what the model knows of the options, not whether it still answers in the format (the trained domains,
 whose answer format is what a stage teaches, keep greedy generation: `evaluate.py`), and costs a forward of the
@@ -51,16 +50,21 @@ def option_continuations(tokenizer: Any, prompt_text: str, options: list[str]) -
     return prompt, conts
 
 
-def _forward_rows(model: torch.nn.Module, rows: list[list[int]], pad_id: int) -> Tensor:
-    """Logits of right-padded rows: [B, T, V] (padding at the end changes no earlier position's logits)."""
+def _last_logits(model: torch.nn.Module, rows: list[list[int]], pad_id: int, keep: int) -> Tensor:
+    """The logits of each row's last `keep` positions: [B, keep, V]. Rows are left-padded, so their ends line up,
+    with positions counted from each row's first real token (as `generate` does), and the LM head runs on the kept
+    positions only (`logits_to_keep`): the vocabulary-wide logits of every prompt position would cost more than the
+    rest of the forward."""
     width = max(len(r) for r in rows)
     device = next(model.parameters()).device
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long, device=device)  # [B, W]
+    mask = torch.zeros((len(rows), width), dtype=torch.long, device=device)  # [B, W]
     for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, device=device)
-        mask[i, : len(r)] = 1
-    return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        ids[i, width - len(r) :] = torch.tensor(r, device=device)
+        mask[i, width - len(r) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # [B, W]
+    out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False, logits_to_keep=keep)
+    return out.logits[:, -keep:]  # [B, keep, V]
 
 
 @torch.no_grad()
@@ -69,28 +73,29 @@ def option_scores(
 ) -> list[list[float]]:
     """Per prompt (chat-templated text), the log-likelihood of each of its options as the reply's start."""
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    # one request per (prompt, option): the row to run, where the continuation starts in it, its ids
     split = [option_continuations(tokenizer, p, opts) for p, opts in zip(prompts, options, strict=True)]
     single = all(len(c) == 1 for _, conts in split for c in conts)
     scores: list[list[float]] = [[0.0] * len(opts) for opts in options]
     if single:  # every option is one token: one forward of the prompt gives them all
         for lo in range(0, len(split), BATCH_ROWS):
             part = split[lo : lo + BATCH_ROWS]
-            logits = _forward_rows(model, [p for p, _ in part], pad_id)  # [b, T, V]
-            for j, (prompt, conts) in enumerate(part):
-                last = torch.log_softmax(logits[j, len(prompt) - 1].float(), dim=-1)  # [V]
-                scores[lo + j] = [float(last[c[0]]) for c in conts]
+            last = torch.log_softmax(_last_logits(model, [p for p, _ in part], pad_id, 1)[:, 0].float(), -1)  # [b, V]
+            for j, (_, conts) in enumerate(part):
+                scores[lo + j] = [float(last[j, c[0]]) for c in conts]
         return scores
+    # one row per (prompt, option): prompt + continuation, the continuation's tokens at the row's end
     requests = [(i, k, prompt, cont) for i, (prompt, conts) in enumerate(split) for k, cont in enumerate(conts)]
     for lo in range(0, len(requests), BATCH_ROWS):
         part = requests[lo : lo + BATCH_ROWS]
-        rows = [prompt + cont for _, _, prompt, cont in part]
-        logits = _forward_rows(model, rows, pad_id)[:, :-1]  # [b, T-1, V]: position t predicts token t+1
-        targets = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)  # [b, T-1]
-        mask = torch.zeros(logits.shape[:2], device=logits.device)  # [b, T-1]
-        for j, (_, _, prompt, cont) in enumerate(part):
-            targets[j, len(prompt) - 1 : len(prompt) - 1 + len(cont)] = torch.tensor(cont, device=logits.device)
-            mask[j, len(prompt) - 1 : len(prompt) - 1 + len(cont)] = 1.0
+        keep = max(len(cont) for *_, cont in part) + 1  # the positions predicting every continuation token
+        logits = _last_logits(model, [prompt + cont for *_, prompt, cont in part], pad_id, keep)  # [b, keep, V]
+        targets = torch.zeros(logits.shape[:2], dtype=torch.long, device=logits.device)  # [b, keep]
+        mask = torch.zeros(logits.shape[:2], device=logits.device)  # [b, keep]
+        for j, (*_, cont) in enumerate(part):
+            # token m of the continuation is predicted by the kept position keep − len(cont) − 1 + m
+            start = keep - len(cont) - 1
+            targets[j, start : start + len(cont)] = torch.tensor(cont, device=logits.device)
+            mask[j, start : start + len(cont)] = 1.0
         sums = continuation_logprobs(logits, targets, mask)  # [b]
         for j, (i, k, _, _) in enumerate(part):
             scores[i][k] = float(sums[j])
