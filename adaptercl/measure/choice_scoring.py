@@ -1,5 +1,6 @@
-"""Multiple-choice evaluation by log-likelihood: which option letter the model finds most likely as its answer. A
-retention probe (ARC, BoolQ, PIQA, Winogrande, or any domain scored by `choice_letter`) shows the question with
+"""Multiple-choice evaluation by log-likelihood: which option letter the model finds most likely as its answer.
+
+A retention probe (ARC, BoolQ, PIQA, Winogrande, or any domain scored by `choice_letter`) shows the question with
 lettered options and asks for the letter. Instead of generating a reply and reading a letter out of it, the model
 scores each option's letter as the start of its reply, the continuation of the chat-templated prompt (the assistant
 generation prompt included), and picks the most likely one: lm-evaluation-harness's multiple-choice `acc` (the sum of
