@@ -13,11 +13,12 @@ with a constant LR and grad-norm clipping at 1.0, one micro-batch. Generation is
 `max_new_tokens` tokens; the lengths seen by both are recorded (`fixed_length_ok`), and a fixed-length workload whose
 lengths differ is refused (exit 1, no ratio, no result file): it would compare different amounts of work.
 
-GRPO: the reward is the fraction of digit characters in the completion; the loss setting is the same (DAPO token mean
-= adaptercl `token_mean`, eps 0.2 / 0.28, no KL, no std scaling). TRL settings that differ from its defaults:
-`use_cpu=True`, `bf16=False` (fp32 on CPU), `activation_checkpointing=False` (alias `gradient_checkpointing`, on by
-GRPOConfig's default; adaptercl has none), `optim="adamw_torch"`, `lr_scheduler_type="constant"`,
-`scale_rewards="none"`, `epsilon_high=0.28`, no saving, no evaluation, `report_to="none"`, `disable_tqdm=True`.
+GRPO: the reward is the fraction of digit characters in the completion; the loss setting is the same (DAPO token mean =
+adaptercl `token_mean`, eps 0.2 / 0.28, no KL, no std scaling). TRL settings that differ from its defaults:
+`use_cpu=True`, `bf16=False` (fp32 on CPU), `gradient_checkpointing=False` (its alias `activation_checkpointing` from
+transformers 5.21; on by GRPOConfig's default; adaptercl has none), `optim="adamw_torch"`,
+`lr_scheduler_type="constant"`, `scale_rewards="none"`, `epsilon_high=0.28`, no saving, no evaluation,
+`report_to="none"`, `disable_tqdm=True`.
 Logging stays at TRL's default (every 10 steps).
 
 SDPO: adaptercl's sdpo stage with the method table's reference defaults (recipe/method_table.py: no policy term, EMA
@@ -226,7 +227,7 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "model_folder": portable_path(model_note),
         "workload": workload_record(args, ctx),
         **result,
-        "trl_activation_checkpointing": bool(trainer.args.activation_checkpointing)
+        "trl_activation_checkpointing": bool(trainer.args.gradient_checkpointing)
         or bool(getattr(trainer.model.get_base_model(), "is_activation_checkpointing", False)),
         "attn_implementation": {
             "adaptercl": ctx.model.get_base_model().config._attn_implementation,

@@ -71,7 +71,7 @@ def _common_config(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "weight_decay": 0.0,
         "max_grad_norm": 1.0,
         "beta": 0.0,
-        "activation_checkpointing": False,  # alias gradient_checkpointing, which TRL's configs turn on
+        "gradient_checkpointing": False,  # TRL's configs turn it on (transformers >= 5.21 also calls it activation_)
         "use_vllm": False,
         "max_steps": args.warmup + args.steps,
         "save_strategy": "no",
