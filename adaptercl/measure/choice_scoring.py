@@ -6,8 +6,9 @@ scores each option's letter as the start of its reply, the continuation of the c
 generation prompt included), and picks the most likely one: lm-evaluation-harness's multiple-choice `acc` (the sum of
 the continuation's token log-probabilities, argmax over the options), with the options lettered in the prompt as its
 MMLU tasks show them. One forward per example when every letter is one token (the usual case: all options share the
-prompt), one per option otherwise; the LM head runs on the scored positions only. The chosen letter is then scored by
-the domain's own reward, so a probe is correct exactly when a generated reply that began with that letter would be.
+prompt), one per option otherwise, in batches of similar length; the LM head runs on the scored positions only. The
+chosen letter is then scored by the domain's own reward, so a probe is correct exactly when a generated reply that
+began with that letter would be.
 
 It measures what the model knows of the options, not whether it still answers in the format (the trained domains,
 whose answer format is what a stage teaches, keep greedy generation: `evaluate.py`), and costs a forward of the
@@ -78,14 +79,17 @@ def option_scores(
     single = all(len(c) == 1 for _, conts in split for c in conts)
     scores: list[list[float]] = [[0.0] * len(opts) for opts in options]
     if single:  # every option is one token: one forward of the prompt gives them all
-        for lo in range(0, len(split), BATCH_ROWS):
-            part = split[lo : lo + BATCH_ROWS]
-            last = torch.log_softmax(_last_logits(model, [p for p, _ in part], pad_id, 1)[:, 0].float(), -1)  # [b, V]
-            for j, (_, conts) in enumerate(part):
-                scores[lo + j] = [float(last[j, c[0]]) for c in conts]
+        order = sorted(range(len(split)), key=lambda i: len(split[i][0]))  # by length: little padding per batch
+        for lo in range(0, len(order), BATCH_ROWS):
+            part = order[lo : lo + BATCH_ROWS]
+            logits = _last_logits(model, [split[i][0] for i in part], pad_id, 1)  # [b, 1, V]
+            last = torch.log_softmax(logits[:, 0].float(), dim=-1)  # [b, V]
+            for j, i in enumerate(part):
+                scores[i] = [float(last[j, c[0]]) for c in split[i][1]]
         return scores
-    # one row per (prompt, option): prompt + continuation, the continuation's tokens at the row's end
+    # one row per (prompt, option): prompt + continuation, the continuation's tokens at the row's end; by length
     requests = [(i, k, prompt, cont) for i, (prompt, conts) in enumerate(split) for k, cont in enumerate(conts)]
+    requests.sort(key=lambda r: len(r[2]) + len(r[3]))
     for lo in range(0, len(requests), BATCH_ROWS):
         part = requests[lo : lo + BATCH_ROWS]
         keep = max(len(cont) for *_, cont in part) + 1  # the positions predicting every continuation token
