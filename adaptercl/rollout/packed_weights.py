@@ -25,7 +25,9 @@ after.
 
 The ops are private to PyTorch and can change or vanish in a release, so they are probed once per dtype
 (`onednn_refusal`: a small `nn.Linear` against `F.linear`, inside try/except); when they are missing, fail, change
-signature or disagree, the block runs every layer's own forward and one line is logged. `torch.backends.mkldnn.enabled
+signature or disagree, the block runs every layer's own forward and one line is logged, once per dtype, by the first
+block asked for that dtype (the run's record of its CPU paths and `rollout.dtype: auto` probe bf16 silently: a CPU
+without bf16 units is not a fault). `torch.backends.mkldnn.enabled
 = False` turns the packing off too. A layer's own instance `forward` (an accelerate hook installs one) runs whenever
 the packed path does not and is put back afterwards; a block inside another leaves the outer's layers to it.
 """
@@ -68,11 +70,14 @@ def onednn_refusal(dtype: torch.dtype = torch.float32) -> str | None:
     """Why the packed path cannot run in `dtype` with this torch (None: it can). Probed once per dtype and process:
     a seeded [3, 24] x [24, 16] product with bias through the packed ops against `F.linear` (for bf16, on the
     bf16-rounded inputs and weight), within the bound float32 summation in another order (and, in bf16, the output's
-    rounding) allows. A refusal is logged once."""
-    reason = _probe(dtype)
-    if reason is not None:
-        LOG.warning("packed %s linear weights are off, plain F.linear instead: %s", _name(dtype), reason)
-    return reason
+    rounding) allows. Silent: `packed_linears` says a refusal, when a block asks for that dtype."""
+    return _probe(dtype)
+
+
+@functools.cache
+def _say_refusal(dtype: torch.dtype) -> None:
+    """Log, once per dtype and process, why a block asked for `dtype` runs the plain path."""
+    LOG.warning("packed %s linear weights are off, plain F.linear instead: %s", _name(dtype), onednn_refusal(dtype))
 
 
 def _probe(dtype: torch.dtype) -> str | None:
@@ -115,7 +120,12 @@ def packed_linears(
     for layers an enclosing block packed already). The weights must not change inside the block."""
     patched: list[tuple[torch.nn.Module, object | None]] = []  # (layer, its own instance forward or None)
     try:
-        if onednn_available(torch.float32) and (dtype == torch.float32 or onednn_available(dtype)):
+        refused = None  # the first dtype the block needs whose packed path does not run here
+        if torch.backends.mkldnn.enabled:  # False: the user turned oneDNN off, nothing to say
+            refused = next((d for d in (torch.float32, dtype) if onednn_refusal(d) is not None), None)
+            if refused is not None:
+                _say_refusal(refused)
+        if torch.backends.mkldnn.enabled and refused is None:
             with torch.no_grad():
                 for module in model.modules():
                     if packable(module) and not getattr(module.__dict__.get("forward"), PACKED, False):

@@ -117,17 +117,25 @@ def test_the_engine_decodes_on_packed_weights(monkeypatch):
 def fresh_probe():
     """The probe is cached per process: cleared before and after, so a faked namespace is probed and forgotten."""
     pw.onednn_refusal.cache_clear()
+    pw._say_refusal.cache_clear()
     yield
     pw.onednn_refusal.cache_clear()
+    pw._say_refusal.cache_clear()
 
 
 def check_plain_fallback(caplog, match: str) -> None:
     """The block packs nothing, the layer gives MKL's F.linear bit for bit, and one line said why, once."""
+    check_plain_fallback_in(caplog, torch.float32, match)
+
+
+def check_plain_fallback_in(caplog, dtype: torch.dtype, match: str) -> None:
+    """`check_plain_fallback` for blocks asked for `dtype`."""
     linear = torch.nn.Linear(16, 8)
     x = torch.randn(3, 16)
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger=pw.__name__), torch.no_grad():
         for _ in range(2):  # a second block is not probed (nor said) again
-            with packed_linears(linear) as count:
+            with packed_linears(linear, dtype) as count:
                 assert count == 0 and "forward" not in linear.__dict__
                 assert torch.equal(linear(x), F.linear(x, linear.weight, linear.bias))
     lines = [r.getMessage() for r in caplog.records if r.name == pw.__name__]
@@ -156,6 +164,33 @@ def test_ops_that_disagree_with_linear_fall_back(monkeypatch, caplog, fresh_prob
     monkeypatch.setattr(pw, "_onednn_ops", lambda: SimpleNamespace(
         _reorder_linear_weight=real._reorder_linear_weight, _linear_pointwise=off))  # fmt: skip
     check_plain_fallback(caplog, r"disagrees with F\.linear")
+
+
+def test_a_bf16_refusal_is_silent_until_a_block_asks_for_bf16(monkeypatch, caplog, fresh_probe):
+    """As on a CPU without bf16 units (CI's AVX2 AMD): the float32 path packs, bf16's probe fails. The run's record of
+    its CPU paths and `rollout.dtype: auto` probe bf16 without a word (a run prints no warning for its CPU); a block
+    asked for bf16 says why it runs the plain path, once."""
+    from adaptercl.rollout.precision import cpu_paths, rollout_dtype
+
+    real = torch.ops.mkldnn
+
+    def reorder(weight, rows):
+        if weight.dtype == torch.bfloat16:
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+        return real._reorder_linear_weight(weight, rows)
+
+    monkeypatch.setattr(pw, "_onednn_ops", lambda: SimpleNamespace(
+        _reorder_linear_weight=reorder, _linear_pointwise=real._linear_pointwise))  # fmt: skip
+    linear = torch.nn.Linear(16, 8)
+    with caplog.at_level(logging.DEBUG, logger=pw.__name__), torch.no_grad():
+        record = cpu_paths(torch.float32)
+        assert record["packed_weights"]["float32"] == "on"
+        assert record["packed_weights"]["bfloat16"].startswith("off: torch.ops.mkldnn failed on a probe (RuntimeError")
+        assert rollout_dtype("auto", linear) == torch.float32
+        with packed_linears(linear) as count:  # float32, as a default run decodes
+            assert count == 1
+        assert not [r for r in caplog.records if r.name == pw.__name__]
+    check_plain_fallback_in(caplog, torch.bfloat16, r"packed bfloat16 .* needs the cpu support avx512bw")
 
 
 def test_mkldnn_disabled_is_honoured(monkeypatch):
