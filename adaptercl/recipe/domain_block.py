@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from adaptercl.recipe.method_blocks import ConfigBlock
+from adaptercl.recipe.config_block import ConfigBlock
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # domain and stage names (they name folders)
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")  # data files a source or eval_file may name

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from adaptercl.recipe.method_blocks import ConfigBlock
+from adaptercl.recipe.config_block import ConfigBlock
 
 
 class LmEvalConfig(ConfigBlock):

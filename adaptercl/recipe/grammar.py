@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from adaptercl.recipe.config_block import ConfigBlock as _Block
 from adaptercl.recipe.domain_block import NAME_PATTERN, DomainConfig
 from adaptercl.recipe.errors import RecipeError, format_validation_error
 from adaptercl.recipe.eval_block import EvalConfig
@@ -40,7 +41,6 @@ from adaptercl.recipe.method_blocks import (  # re-exported: a recipe's blocks a
     TeacherKind,
     check_refresh_schedule,
 )
-from adaptercl.recipe.method_blocks import ConfigBlock as _Block
 from adaptercl.recipe.method_table import METHODS, Method
 from adaptercl.recipe.optim_block import OptimConfig
 from adaptercl.recipe.rollout_block import ENGINE_FIELDS, RolloutConfig, RolloutServerConfig

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from adaptercl.recipe.method_blocks import ConfigBlock
+from adaptercl.recipe.config_block import ConfigBlock
 
 Tracker = Literal["tensorboard", "wandb", "trackio"]
 TRACKERS: tuple[str, ...] = ("tensorboard", "wandb", "trackio")

@@ -6,9 +6,11 @@ stages and recipes. No torch import."""
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, get_args, get_origin
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, model_validator
+
+from adaptercl.recipe.config_block import ConfigBlock
 
 Action = Literal["off", "warn", "stop", "rollback"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_mean_all", "seq_mean_token_sum_norm"]
@@ -23,48 +25,6 @@ LIFT_GATE_LEVEL = 0.025
 FEWEST_OPENING_WINS = math.ceil(-math.log2(LIFT_GATE_LEVEL))
 
 
-class ConfigBlock(BaseModel):
-    """A recipe block: unknown keys are errors, and so are non-finite numbers (`.inf`, `.nan`) in any float field.
-
-    Switch fields (`switch_words`: a field whose values include the word `off` or `on` but not a bool, such as
-    `optim.logits_chunk_size: auto | off | N` or a `monitor` action) take YAML's booleans as those words: YAML 1.1
-    reads an unquoted off/on (and no/yes, false/true) as a boolean, so `off`, the form the docs and error messages
-    write, arrives as False, in a recipe file and in a `key=value` override alike. False becomes "off", True "on"
-    (an error naming the field where "on" is not one of its values). Fields typed `auto | bool`
-    (`optim.activation_checkpointing`) take the booleans as they are.
-    """
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _yaml_booleans_as_switch_words(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        fields = cls.model_fields
-        return {
-            key: ("on" if value else "off")
-            if isinstance(value, bool) and key in fields and switch_words(fields[key].annotation)
-            else value
-            for key, value in data.items()
-        }
-
-
-def switch_words(annotation: Any) -> set[str]:
-    """The words off/on among a field type's literal values, when the type admits no bool (else the empty set)."""
-    literals, stack = set(), [annotation]
-    while stack:
-        kind = stack.pop()
-        if kind is bool:
-            return set()
-        if get_origin(kind) is Literal:
-            literals.update(get_args(kind))
-        else:
-            stack.extend(get_args(kind))  # unions, Optional, Annotated
-    return literals & {"off", "on"}
-
-
-# Reference strings (docs/design.md §4): lasgroup/SDPO reprompting and the SDFT repo's demonstration prompt.
 SDPO_REPROMPT = "{prompt}{solution}{feedback}\n\nCorrectly solve the original question."
 SDPO_SOLUTION = "\nCorrect solution:\n\n{successful_previous_attempt}"
 SDPO_FEEDBACK = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback_raw}"

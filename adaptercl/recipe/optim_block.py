@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from adaptercl.recipe.method_blocks import ConfigBlock
+from adaptercl.recipe.config_block import ConfigBlock
 
 
 class OptimConfig(ConfigBlock):

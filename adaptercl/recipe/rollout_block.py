@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from adaptercl.recipe.method_blocks import ConfigBlock
+from adaptercl.recipe.config_block import ConfigBlock
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from adaptercl.cli import main
+from adaptercl.recipe.config_block import ConfigBlock
 from adaptercl.recipe.grammar import DomainConfig, ModelConfig, RecipeError
-from adaptercl.recipe.method_blocks import ConfigBlock
 
 QUICKSTART = str(Path(__file__).resolve().parents[2] / "recipes" / "quickstart.yaml")
 
