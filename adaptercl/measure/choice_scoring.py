@@ -14,6 +14,11 @@ It measures what the model knows of the options, not whether it still answers in
 whose answer format is what a stage teaches, keep greedy generation: `evaluate.py`), and costs a forward of the
 prompt instead of a decode of up to `eval.max_new_tokens` tokens. `eval.choice_scoring` chooses it; eval.json records
 `scoring: loglikelihood` per domain, and `completions` holds the chosen letters.
+
+On a float32 CPU model the forwards run on oneDNN-packed linear weights (`rollout.packed_weights.packed_linears`, as
+the hf engine's rollouts do): the same products up to float32 summation order, at about half the time of MKL's sgemm
+for these row counts (the four retention probes, 400 examples on SmolLM2-135M with a LoRA adapter, one thread of an
+AMD EPYC Zen 4: 138 s -> 72 s, the same letter chosen on all 400). Elsewhere (CUDA, a 4-bit base) nothing is packed.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from torch import Tensor
 
 from adaptercl.adapters import active_adapters
 from adaptercl.domains import LETTERS, Domain, Example, count_lettered_options
+from adaptercl.rollout.packed_weights import packed_linears
 from adaptercl.system import distributed
 
 BATCH_ROWS = 16  # sequences per forward
@@ -139,7 +145,7 @@ def evaluate_choices(
     was_training = model.training
     model.eval()
     try:
-        with active_adapters(model, adapters):
+        with active_adapters(model, adapters), packed_linears(model):
             scores = option_scores(model, tokenizer, prompts, letters)
     finally:
         model.train(was_training)

@@ -43,21 +43,25 @@ OLD_REVISION = "89404e5"  # the last revision before issue 43 (the forgetting co
 
 
 def timed(commands: list[tuple[str, list[str], dict, Path]]) -> dict[str, dict]:
-    """Start every (name, argv, env, cwd) at once, wait for all; each one's wall time, exit code and the load average
-    when it started and ended."""
+    """Start every (name, argv, env, cwd) at once, wait for all; each one's wall time (to its own end, polled every
+    0.5 s: waiting on them in turn gave a run that ended first the wall time of the one waited on before it), exit
+    code and the load average when it started and ended."""
     started = {}
     for name, argv, env, cwd in commands:
         log = open(Path(env["RUN_COST_LOGS"]) / f"{name}.log", "w")
         started[name] = (subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT),
                          time.perf_counter(), os.getloadavg())  # fmt: skip
-    out = {}
-    for name, (proc, t0, load) in started.items():
-        rc = proc.wait()
-        out[name] = {"wall_s": round(time.perf_counter() - t0, 1), "exit": rc,
-                     "load_at_start": [round(x, 2) for x in load],
-                     "load_at_end": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
-        if rc != 0:
-            raise SystemExit(f"{name} failed (exit {rc}); see its log")
+    out: dict[str, dict] = {}
+    while len(out) < len(started):  # each one's wall time taken when it ends, whichever ends first
+        for name, (proc, t0, load) in started.items():
+            if name in out or proc.poll() is None:
+                continue
+            out[name] = {"wall_s": round(time.perf_counter() - t0, 1), "exit": proc.returncode,
+                         "load_at_start": [round(x, 2) for x in load],
+                         "load_at_end": [round(x, 2) for x in os.getloadavg()]}  # fmt: skip
+            if proc.returncode != 0:
+                raise SystemExit(f"{name} failed (exit {proc.returncode}); see its log")
+        time.sleep(0.5)
     return out
 
 

@@ -274,3 +274,16 @@ def test_records_round_trip_and_a_collection_takes_committed_runs(collection, tm
         == next(r for r in records if r["method"] == "hybrid" and r["seed"] == 1)["correct"]
     )
     assert ledger.load_records(tmp_path / "nothing") == {}
+
+
+def test_run_cost_times_each_process_to_its_own_end(tmp_path):
+    """Two processes started together, the long one listed (and once waited on) first: the short one's wall time is
+    its own (about 0.2 s), not the long one's (1.5 s)."""
+    import sys
+
+    run_cost = importlib.import_module("run_cost")
+    env = {"RUN_COST_LOGS": str(tmp_path), "PATH": ""}
+    sleep = [sys.executable, "-c", "import sys, time; time.sleep(float(sys.argv[1]))"]
+    out = run_cost.timed([("long", [*sleep, "1.5"], env, tmp_path), ("short", [*sleep, "0.2"], env, tmp_path)])
+    assert out["long"]["wall_s"] >= 1.5 and out["short"]["wall_s"] < 1.0, out
+    assert out["long"]["exit"] == out["short"]["exit"] == 0

@@ -140,3 +140,35 @@ def test_a_run_scores_its_retention_probe_by_loglikelihood_and_generates_its_tra
     run_recipe(resolve_recipe(raw))
     row = json.loads((tmp_path / "generated" / "stage-00-before" / "eval.json").read_text())
     assert "scoring" not in row["arc"] and row["arc"]["n"] == 4
+
+
+def test_the_forwards_run_on_packed_weights_and_choose_as_the_plain_ones(tiny, arc_file, monkeypatch):
+    """evaluate_choices scores inside `packed_linears` (every float32 nn.Linear of the model packed for oneDNN), and
+    chooses the letters the plain forwards choose: the products differ by float32 summation order only (bounded in
+    tests/rollout/test_packed_weights.py), far below the gaps between options' log-likelihoods."""
+    from adaptercl.rollout.packed_weights import onednn_available, packed_linears
+
+    if not onednn_available():
+        pytest.skip("this torch has no oneDNN packed-linear ops")
+    counts = []
+
+    def recording(model, *args, **kwargs):
+        context = packed_linears(model, *args, **kwargs)
+
+        class Recorder:
+            def __enter__(self):
+                counts.append(context.__enter__())
+
+            def __exit__(self, *exc):
+                return context.__exit__(*exc)
+
+        return Recorder()
+
+    monkeypatch.setattr(choice_scoring, "packed_linears", recording)
+    domain = load_domain(DomainConfig(name="arc", source=str(arc_file), format="arc"), seed=0, num_eval=6)
+    packed = evaluate_choices(tiny.model, tiny.tokenizer, domain, None, limit=6)
+    assert counts == [sum(type(m) is torch.nn.Linear for m in tiny.model.modules())] and counts[0] > 0
+    tok = tiny.tokenizer
+    prompts = [tok.apply_chat_template(ex.messages, add_generation_prompt=True, tokenize=False) for ex in domain.eval]
+    plain = option_scores(tiny.model, tok, prompts, [["A", "B", "C", "D"]] * len(prompts))  # no packing: MKL
+    assert packed["completions"] == ["ABCD"[max(range(4), key=s.__getitem__)] for s in plain]
