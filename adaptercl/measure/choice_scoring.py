@@ -30,7 +30,7 @@ from torch import Tensor
 
 from adaptercl.adapters import active_adapters
 from adaptercl.domains import LETTERS, Domain, Example, count_lettered_options
-from adaptercl.rollout.packed_weights import packed_linears
+from adaptercl.rollout import packed_linears
 from adaptercl.system import distributed
 
 BATCH_ROWS = 16  # sequences per forward
