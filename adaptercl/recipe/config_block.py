@@ -47,6 +47,3 @@ def switch_words(annotation: Any) -> set[str]:
         else:
             stack.extend(get_args(kind))  # unions, Optional, Annotated
     return literals & {"off", "on"}
-
-
-# Reference strings (docs/design.md §4): lasgroup/SDPO reprompting and the SDFT repo's demonstration prompt.

@@ -25,6 +25,7 @@ LIFT_GATE_LEVEL = 0.025
 FEWEST_OPENING_WINS = math.ceil(-math.log2(LIFT_GATE_LEVEL))
 
 
+# Reference strings (docs/design.md §4): lasgroup/SDPO reprompting and the SDFT repo's demonstration prompt.
 SDPO_REPROMPT = "{prompt}{solution}{feedback}\n\nCorrectly solve the original question."
 SDPO_SOLUTION = "\nCorrect solution:\n\n{successful_previous_attempt}"
 SDPO_FEEDBACK = "\nThe following is feedback from your unsuccessful earlier attempt:\n\n{feedback_raw}"

@@ -27,9 +27,9 @@ The ops are private to PyTorch and can change or vanish in a release, so they ar
 (`onednn_refusal`: a small `nn.Linear` against `F.linear`, inside try/except); when they are missing, fail, change
 signature or disagree, the block runs every layer's own forward and one line is logged, once per dtype, by the first
 block asked for that dtype (the run's record of its CPU paths and `rollout.dtype: auto` probe bf16 silently: a CPU
-without bf16 units is not a fault). `torch.backends.mkldnn.enabled
-= False` turns the packing off too. A layer's own instance `forward` (an accelerate hook installs one) runs whenever
-the packed path does not and is put back afterwards; a block inside another leaves the outer's layers to it.
+without bf16 units is not a fault). `torch.backends.mkldnn.enabled = False` turns the packing off too. A layer's own
+instance `forward` (an accelerate hook installs one) runs whenever the packed path does not and is put back
+afterwards; a block inside another leaves the outer's layers to it.
 """
 
 from __future__ import annotations

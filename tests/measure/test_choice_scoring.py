@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from packing_counts import counting
 
 from adaptercl.domains.loading import load_domain
 from adaptercl.measure import choice_scoring
@@ -150,21 +151,8 @@ def test_the_forwards_run_on_packed_weights_and_choose_as_the_plain_ones(tiny, a
 
     if not onednn_available():
         pytest.skip("this torch has no oneDNN packed-linear ops")
-    counts = []
-
-    def recording(model, *args, **kwargs):
-        context = packed_linears(model, *args, **kwargs)
-
-        class Recorder:
-            def __enter__(self):
-                counts.append(context.__enter__())
-
-            def __exit__(self, *exc):
-                return context.__exit__(*exc)
-
-        return Recorder()
-
-    monkeypatch.setattr(choice_scoring, "packed_linears", recording)
+    counts: list[int] = []
+    monkeypatch.setattr(choice_scoring, "packed_linears", counting(packed_linears, counts))
     domain = load_domain(DomainConfig(name="arc", source=str(arc_file), format="arc"), seed=0, num_eval=6)
     packed = evaluate_choices(tiny.model, tiny.tokenizer, domain, None, limit=6)
     assert counts == [sum(type(m) is torch.nn.Linear for m in tiny.model.modules())] and counts[0] > 0

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
+from packing_counts import counting
 
 from adaptercl.model.base import load_base
 from adaptercl.recipe.grammar import ModelConfig
@@ -86,23 +87,8 @@ def test_only_float32_cpu_linear_layers_are_packed():
 
 def test_the_engine_decodes_on_packed_weights(monkeypatch):
     base = load_base(ModelConfig(name="tiny-random"), "none")
-    counts = []
-    original = hf_engine.packed_linears
-
-    def recording(model):
-        context = original(model)
-
-        class Recorder:
-            def __enter__(self):
-                counts.append(context.__enter__())
-                return counts[-1]
-
-            def __exit__(self, *exc):
-                return context.__exit__(*exc)
-
-        return Recorder()
-
-    monkeypatch.setattr(hf_engine, "packed_linears", recording)
+    counts: list[int] = []
+    monkeypatch.setattr(hf_engine, "packed_linears", counting(hf_engine.packed_linears, counts))
     engine = hf_engine.HFEngine(base.model, base.tokenizer, batch_size=4)
     engine.generate([[1, 2, 3], [4, 5]], None, SamplingParams(4, greedy=True))
     linears = sum(type(m) is torch.nn.Linear for m in base.model.modules())
