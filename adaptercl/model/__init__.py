@@ -1,6 +1,7 @@
 """The base model and its forwards: loading (built-in aliases, hub ids, local folders, GGUF; NF4 or plain: `base.py`),
 its shape and what its parts weigh, read from its config (`shapes.py`; `read_model_config`, the one reader of a
-config.json), which decoder layers `lora.layers` names
+config.json), whether transformers ships its architecture as a causal LM (`architecture.py`) and its skeleton, every
+module and no weight (`skeleton.py`), which decoder layers `lora.layers` names
 (`lora_layers.py`, without loading a weight), token batches and the logits or hidden states at their response
 positions (`batching.py`: `TokenBatch`, `ResponseScores`), prompt prefixes computed once for rows that begin alike
 (`prefix_sharing.py`) where the model's cache layers allow it, and which cache layers can repeat or drop batch rows
@@ -49,7 +50,7 @@ _EXPORTS = {
     "resolve_lora_targets": "lora_targets",
     "AUTO_TARGETS": "shapes",
     "check_architecture": "architecture",
-    "base_skeleton": "architecture",
+    "base_skeleton": "skeleton",
     "lora_layer_indices": "lora_layers",
     "CACHE": "prefix_sharing",
     "output_cache": "prefix_sharing",

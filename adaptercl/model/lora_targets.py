@@ -225,10 +225,10 @@ def _suffix(name: str) -> str:
 
 def check_lora_targets(recipe: RecipeConfig, download: bool = False) -> None:
     """Every stage's `lora.target_modules` and `lora.layers` resolved on the base's skeleton
-    (`architecture.base_skeleton`, which also refuses an architecture transformers does not know): the first that
+    (`skeleton.base_skeleton`, which also refuses an architecture transformers does not know): the first that
     cannot be is a RecipeError naming its stage's field. Nothing more when the base's config is not known here (a
     GGUF file, a hub id not in the local cache): each adapter is resolved again as it is attached."""
-    from adaptercl.model.architecture import base_skeleton
+    from adaptercl.model.skeleton import base_skeleton
 
     skeleton = base_skeleton(recipe.model, download)
     if skeleton is None:
