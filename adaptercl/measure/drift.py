@@ -33,7 +33,7 @@ from adaptercl.domains import Domain
 from adaptercl.measure import lowrank_drift, metrics, weight_drift
 from adaptercl.measure.policy_divergence import ROWS_PER_FORWARD, divergence_sums, token_scores
 from adaptercl.model import build_batch, encode_chat
-from adaptercl.rollout import RolloutEngine, SamplingParams
+from adaptercl.rollout import RolloutEngine, SamplingParams, packed_linears
 
 DriftMethod = Literal["auto", "exact", "lowrank"]
 AUTO_EXACT_MAX_NUMEL = 2**22  # auto: exact when every adapted W0 has at most this many entries (2048 x 2048)
@@ -181,28 +181,30 @@ def response_drift(
         answered.append((prompts, [g[0] for g in engine.generate(prompts, adapters, params)]))
     engine.sleep()  # a colocated vLLM frees the card for the forwards (no-op for the hf engine)
     total, done = sum(len(c) for _, c in answered), 0
-    for domain, (prompts, completions) in zip(domains, answered):
-        sums, tokens = dict.fromkeys(("kl", "js", "entropy"), 0.0), 0
-        for start in range(0, len(completions), ROWS_PER_FORWARD):
-            rows = slice(start, start + ROWS_PER_FORWARD)
-            responses = [c.token_ids for c in completions[rows]]
-            batch = build_batch(prompts[rows], responses, tokenizer.pad_token_id).to(device)
-            policy, base = token_scores(model, batch, adapters), token_scores(model, batch, None)
-            for term, value in divergence_sums(policy, base, tuple(sums)).items():
-                sums[term] += value
-            tokens += policy.tokens
-            done += len(responses)
-            if on_probe is not None:
-                on_probe(done, total)
-        mean = {term: value / tokens if tokens else float("nan") for term, value in sums.items()}  # per token
-        foreign = [p for other in domains if other.name != domain.name for p in other.format_patterns]
-        out[domain.name] = {
-            "kl_to_base": mean["kl"],
-            "js_to_base": mean["js"],
-            "entropy": mean["entropy"],
-            "response_tokens": sum(len(c.token_ids) for c in completions) / len(completions),
-            "repetition_rate": sum(metrics.repeated_ngram_rate(c.token_ids) for c in completions) / len(completions),
-            "foreign_format_rate": metrics.pattern_rate([c.text for c in completions], foreign) if foreign else 0.0,
-        }
+    with packed_linears(model):  # the scoring forwards on oneDNN-packed weights (float32 CPU models)
+        for domain, (prompts, completions) in zip(domains, answered):
+            sums, tokens = dict.fromkeys(("kl", "js", "entropy"), 0.0), 0
+            for start in range(0, len(completions), ROWS_PER_FORWARD):
+                rows = slice(start, start + ROWS_PER_FORWARD)
+                responses = [c.token_ids for c in completions[rows]]
+                batch = build_batch(prompts[rows], responses, tokenizer.pad_token_id).to(device)
+                policy, base = token_scores(model, batch, adapters), token_scores(model, batch, None)
+                for term, value in divergence_sums(policy, base, tuple(sums)).items():
+                    sums[term] += value
+                tokens += policy.tokens
+                done += len(responses)
+                if on_probe is not None:
+                    on_probe(done, total)
+            mean = {term: value / tokens if tokens else float("nan") for term, value in sums.items()}  # per token
+            foreign = [p for other in domains if other.name != domain.name for p in other.format_patterns]
+            texts, n = [c.text for c in completions], len(completions)
+            out[domain.name] = {
+                "kl_to_base": mean["kl"],
+                "js_to_base": mean["js"],
+                "entropy": mean["entropy"],
+                "response_tokens": sum(len(c.token_ids) for c in completions) / n,
+                "repetition_rate": sum(metrics.repeated_ngram_rate(c.token_ids) for c in completions) / n,
+                "foreign_format_rate": metrics.pattern_rate(texts, foreign) if foreign else 0.0,
+            }
     model.train(was_training)
     return out

@@ -9,9 +9,9 @@ rollout-mismatch ratio share (`truncation.py`); vLLM's settings and limits, torc
 colocated engine takes of the card (`vllm_memory.py`) and which model families it cannot serve with LoRA
 (`vllm_lora_support.py`); `rollout.engine: auto` decided (`engine_choice.py`); `rollout.dtype`, the hf engine's
 rollout precision on a CPU, and the run's record of its CPU paths (`precision.py`); the linear weights packed for
-oneDNN in the hf engine's decode and the log-likelihood evaluation's forwards (`packed_weights.py`); and the run's
-engine, built once from the recipe (`engines.py`: `Engines`), vLLM guarded so that a failure under auto goes on with
-transformers and a named one stops in one line (`fallback.py`).
+oneDNN in the hf engine's decode, the scoring forwards and a training stage's frozen base (`packed_weights.py`);
+and the run's engine, built once from the recipe (`engines.py`: `Engines`), vLLM guarded so that a failure under
+auto goes on with transformers and a named one stops in one line (`fallback.py`).
 """
 
 from importlib import import_module
@@ -35,6 +35,7 @@ _EXPORTS = {
     "ServerClient": "server_client",
     "ServerUnreachable": "server_client",
     "check_server": "server_client",
+    "packed_base_linears": "packed_weights",
     "packed_linears": "packed_weights",
     "check_rollout_dtype": "precision",
     "cpu_paths": "precision",

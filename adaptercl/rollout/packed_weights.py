@@ -1,27 +1,37 @@
-"""Pack the linear weights for oneDNN on CPU while decoding, in float32 or (on CPUs with bf16 matrix units) bfloat16.
+"""Pack the linear weights for oneDNN on CPU: while decoding (float32, or bfloat16 on CPUs with bf16 matrix units),
+for the evaluation's and diagnostics' scoring forwards, and for a whole training stage's frozen base.
 
 A decode step multiplies a handful of rows by every weight of the model, so its time is the time to stream the
 weights. PyTorch's float32 `F.linear` on CPU calls MKL's sgemm, which re-packs the weight panel on every call; with
-8 rows that packing costs as much as the product. `packed_linears` packs each weight once per generation call into
-oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's CPU weight prepacking uses) and
-runs `torch.ops.mkldnn._linear_pointwise` on it for the length of the block. Measured on SmolLM2-135M, 8 rows x 100
-prompt tokens, 2-core AMD EPYC (Zen 5): a decode step 53 -> 32 ms, the products themselves 44 -> 22 ms a step, the
-prefill's too (a [800, 576] x [576, 1536] product 6.7 -> 3.0 ms); packing all 211 weights takes 0.15-0.2 s, once a
-rollout (`benchmarks/perf/step_time.py --workload long`, README of benchmarks/perf).
+8 rows that packing costs as much as the product. `packed_linears` packs each weight once into oneDNN's blocked
+layout (`torch.ops.mkldnn._reorder_linear_weight`, what Inductor's CPU weight prepacking uses) and runs
+`torch.ops.mkldnn._linear_pointwise` on it for the length of the block. Measured on SmolLM2-135M, 8 rows x 100
+prompt tokens, 2-core AMD EPYC (Zen 5): a decode step 53 -> 32 ms, the products themselves 44 -> 22 ms a step;
+packing all 211 weights takes 0.15-0.2 s. Training-sized products gain as much on AMD, where MKL computes on its
+AVX2 branch whatever the CPU has and oneDNN on AVX-512: one thread of a Zen 4 EPYC, [384, 576] x [576, 1536]
+6.5 -> 2.7 ms, the LM head's [384, 576] x [576, 49152] 269 -> 124 ms (`benchmarks/perf/README.md`, issue 46).
+
+Training. `run_stage` opens one block for the stage over the frozen base (`packed_base_linears`: every packable layer
+but the LoRA factors). Under autograd, a layer whose weight and bias train nothing multiplies on its float32 pack
+and gives its input the gradient grad @ W on a packed copy of W^T, made at the first backward (`_PackedProduct`);
+a layer that trains runs its own forward. The cost: the packed copies of the base's linear weights, twice its
+float32 size while the stage runs (SmolLM2-135M: 1.1 GB), freed after.
 
 Same products, other kernels: in float32 each output differs from `F.linear`'s by float32 rounding only (a different
 summation order: ~1e-6 relative, `tests/rollout/test_packed_weights.py`), as a change of batch size already does,
 and greedy decoding stays `generate`'s. With `dtype=torch.bfloat16` the packed copy is the weight rounded to bf16 and
 each input is rounded to bf16 on the way in (products accumulate in float32, the output is rounded to bf16 and
 returned as float32): a different policy, by bf16's rounding (~0.4 % of a weight), which the rollout-mismatch weights
-correct (`rollout.dtype`). The trainer's logprobs never come from here (its forwards run with gradients, which the
-packed path refuses: the layer's own `forward` runs whenever autograd is on).
+correct (`rollout.dtype`); a bf16 pack never runs under autograd.
 
-Only exact `nn.Linear` layers with a float32 CPU weight are packed (the LoRA layers' bases after `folded_lora`, the LM
-head); `keep_float32` names layers that stay float32 in a bf16 block (an unfolded LoRA's own A and B: its update is a
-small difference, kept exact beside the rounded base). A 4-bit or half-precision base and a CUDA model keep their own
-path. The cost is one packed copy of those weights while the block runs (the model's float32 size at most), freed
-after.
+Only exact `nn.Linear` layers with a float32 CPU weight are packed (the LoRA layers' bases, the LM head, an unfolded
+LoRA's A and B in a rollout); `keep_float32` names layers that stay float32 in a bf16 block (an unfolded LoRA's own A
+and B: its update is a small difference, kept exact beside the rounded base). A 4-bit or half-precision base and a
+CUDA model keep their own path, and so does any call under CPU autocast. A pack serves while the layer's weight is
+the tensor it was packed from, unwritten: a weight replaced (`folded_lora` swaps in a folded copy) or written in place
+(an optimiser or EMA step moves its version) sends the layer to its own forward, and a block opened inside packs it
+anew for its own length, while layers whose outer pack is current use it (the rollouts inside a stage pack only the
+folded layers).
 
 The ops are private to PyTorch and can change or vanish in a release, so they are probed once per dtype
 (`onednn_refusal`: a small `nn.Linear` against `F.linear`, inside try/except); when they are missing, fail, change
@@ -29,7 +39,7 @@ signature or disagree, the block runs every layer's own forward and one line is 
 block asked for that dtype (the run's record of its CPU paths and `rollout.dtype: auto` probe bf16 silently: a CPU
 without bf16 units is not a fault). `torch.backends.mkldnn.enabled = False` turns the packing off too. A layer's own
 instance `forward` (an accelerate hook installs one) runs whenever the packed path does not and is put back
-afterwards; a block inside another leaves the outer's layers to it.
+afterwards.
 """
 
 from __future__ import annotations
@@ -37,13 +47,12 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 import torch.nn.functional as F
 
 PACK_ROWS = 8  # the batch size oneDNN's layout is chosen for; any row count runs on it (tested 1-800)
-PACKED = "_adaptercl_packed"  # marks the forward this module installs, so a nested block leaves that layer alone
 LOG = logging.getLogger(__name__)
 
 
@@ -110,15 +119,84 @@ def _probe(dtype: torch.dtype) -> str | None:
     return None
 
 
+class _Pack:
+    """One layer's weight (and bias) packed in `dtype`, with what it was packed from: current while the layer's
+    weight is still that tensor (same storage, no in-place write since: `_version`). The held weight keeps its storage
+    alive, so no other tensor can take its address while the pack exists."""
+
+    def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
+        self.weight = linear.weight.detach()  # [out, in], the packed values' source
+        self.version = linear.weight._version
+        self.dtype = dtype
+        self.packed = _onednn_ops()._reorder_linear_weight(self.weight.to(dtype), PACK_ROWS)  # oneDNN blocked layout
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)  # [out]
+        self.transposed: torch.Tensor | None = None  # W^T [in, out] packed, made at the first backward
+
+    def current(self, linear: torch.nn.Linear) -> bool:
+        weight = linear.weight
+        return weight.data_ptr() == self.weight.data_ptr() and weight._version == self.version
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out], float32
+        return _onednn_ops()._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").float()
+
+    def grad_input(self, grad: torch.Tensor) -> torch.Tensor:  # [..., out] -> [..., in]: grad @ W
+        if self.transposed is None:
+            self.transposed = _onednn_ops()._reorder_linear_weight(self.weight.t().contiguous(), PACK_ROWS)
+        return _onednn_ops()._linear_pointwise(grad.contiguous(), self.transposed, None, "none", [], "")
+
+
+class _PackedProduct(torch.autograd.Function):
+    """y = x W^T + b on a float32 pack of a frozen layer; backward gives x its gradient, grad @ W, on the packed W^T
+    (W and b train nothing: the caller checks that neither requires a gradient)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, pack: _Pack) -> torch.Tensor:  # [..., in] -> [..., out]
+        ctx.pack = pack
+        return pack.product(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # [..., out] -> ([..., in], None)
+        return ctx.pack.grad_input(grad), None
+
+
+class _PackedForward:
+    """The forward a block installs on a layer: its innermost current pack's product, else the layer's own forward.
+    Blocks push packs on `packs` and pop them; the last pop puts the layer's own forward back."""
+
+    def __init__(self, linear: torch.nn.Linear, own):
+        self.linear, self.own = linear, own  # own: the layer's instance forward (a hook's) or None (the class's)
+        self.packs: list[_Pack] = []
+
+    def plain(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.own or type(self.linear).forward.__get__(self.linear))(x)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        linear, pack = self.linear, self.packs[-1]
+        if x.dtype != torch.float32 or not pack.current(linear) or torch.is_autocast_enabled("cpu"):
+            return self.plain(x)
+        if not torch.is_grad_enabled():
+            return pack.product(x)
+        trains = linear.weight.requires_grad or (linear.bias is not None and linear.bias.requires_grad)
+        if trains or pack.dtype != torch.float32:
+            return self.plain(x)
+        return _PackedProduct.apply(x, pack)
+
+
 @contextmanager
 def packed_linears(
-    model: torch.nn.Module, dtype: torch.dtype = torch.float32, keep_float32: frozenset[int] = frozenset()
+    model: torch.nn.Module,
+    dtype: torch.dtype = torch.float32,
+    keep_float32: frozenset[int] = frozenset(),
+    exclude: frozenset[int] = frozenset(),
 ) -> Iterator[int]:
-    """Run the block with every packable linear layer of `model` on a oneDNN-packed copy of its weight in `dtype`
-    (float32 or bfloat16; layers whose `id` is in `keep_float32` in float32), inference only: with autograd on, a
-    layer runs its own `forward`. Yields how many layers this block packed (0 where the ops do not run here, and
-    for layers an enclosing block packed already). The weights must not change inside the block."""
-    patched: list[tuple[torch.nn.Module, object | None]] = []  # (layer, its own instance forward or None)
+    """Run the block with every packable linear layer of `model` (but those whose `id` is in `exclude`) on a
+    oneDNN-packed copy of its weight in `dtype` (float32 or bfloat16; layers whose `id` is in `keep_float32` in
+    float32). With autograd on, a float32 pack of a layer whose weight and bias train nothing runs forward and the
+    input's gradient on oneDNN too; any other layer runs its own `forward`. A layer whose weight was replaced or
+    written in place since it was packed runs its own `forward` as well. Inside another block, a layer whose outer
+    pack is current and of `dtype` uses it; the others are packed for this block. Yields how many layers this block
+    packed (0 where the ops do not run here)."""
+    pushed: list[_PackedForward] = []
     try:
         refused = None  # the first dtype the block needs whose packed path does not run here
         if torch.backends.mkldnn.enabled:  # False: the user turned oneDNN off, nothing to say
@@ -128,33 +206,36 @@ def packed_linears(
         if torch.backends.mkldnn.enabled and refused is None:
             with torch.no_grad():
                 for module in model.modules():
-                    if packable(module) and not getattr(module.__dict__.get("forward"), PACKED, False):
-                        own = module.__dict__.get("forward")
-                        layer_dtype = torch.float32 if id(module) in keep_float32 else dtype
-                        module.forward = _packed_forward(module, layer_dtype)
-                        patched.append((module, own))
-        yield len(patched)
+                    if not packable(module) or id(module) in exclude:
+                        continue
+                    layer_dtype = torch.float32 if id(module) in keep_float32 else dtype
+                    installed = module.__dict__.get("forward")
+                    if not isinstance(installed, _PackedForward):
+                        installed = _PackedForward(module, installed)
+                        module.forward = installed
+                    elif installed.packs[-1].current(module) and installed.packs[-1].dtype == layer_dtype:
+                        continue  # an enclosing block's pack serves
+                    installed.packs.append(_Pack(module, layer_dtype))
+                    pushed.append(installed)
+        yield len(pushed)
     finally:
-        for module, own in reversed(patched):
-            if own is None:
-                del module.forward  # the instance attribute: the class's forward again
-            else:
-                module.forward = own
+        for installed in reversed(pushed):
+            installed.packs.pop()
+            if not installed.packs:
+                module = installed.linear
+                if installed.own is None:
+                    del module.forward  # the instance attribute: the class's forward again
+                else:
+                    module.forward = installed.own
 
 
-def _packed_forward(linear: torch.nn.Linear, dtype: torch.dtype):
-    ops = _onednn_ops()
-    packed = ops._reorder_linear_weight(linear.weight.detach().to(dtype), PACK_ROWS)  # oneDNN blocked layout
-    bias = None if linear.bias is None else linear.bias.detach().to(dtype)  # [out]
-    plain = linear.forward  # the instance's own (a hook's) or the class's, bound
+def packed_base_linears(model: torch.nn.Module) -> AbstractContextManager[int]:
+    """`packed_linears` over the frozen base's linear layers (every packable layer but the LoRA factors, which train or
+    follow the student), for a whole training stage: packed once, their forward products, the input gradients through
+    them and every no-grad forward of the stage (the teacher's, the rollouts' unfolded layers) run on oneDNN."""
+    from adaptercl.rollout.folded_lora import lora_factor_layers
 
-    def forward(x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
-        if torch.is_grad_enabled() or x.dtype != torch.float32:
-            return plain(x)
-        return ops._linear_pointwise(x.to(dtype), packed, bias, "none", [], "").to(torch.float32)
-
-    setattr(forward, PACKED, True)
-    return forward
+    return packed_linears(model, exclude=lora_factor_layers(model))
 
 
 def _name(dtype: torch.dtype) -> str:

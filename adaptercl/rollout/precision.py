@@ -74,7 +74,8 @@ def rollout_dtype(setting: str, model: torch.nn.Module) -> torch.dtype:
 
 def cpu_paths(rollout: torch.dtype | None) -> dict[str, Any]:
     """What this process computes with on the CPU, for the run's record: MKL's branch (`cpu_kernels.decision`), the
-    packed-weight path per dtype ("on", or why not) and the rollouts' dtype (None: not the hf engine)."""
+    packed-weight path per dtype ("on", or why not), what the training stage's frozen-base products run on
+    (`packed_weights.packed_base_linears`) and the rollouts' dtype (None: not the hf engine)."""
     import torch
 
     from adaptercl.rollout.packed_weights import onednn_available, onednn_refusal
@@ -88,5 +89,6 @@ def cpu_paths(rollout: torch.dtype | None) -> dict[str, Any]:
     return {
         "mkl": cpu_kernels.decision(),
         "packed_weights": {"float32": packed(torch.float32), "bfloat16": packed(torch.bfloat16)},
+        "training_base_products": "oneDNN, packed" if packed(torch.float32) == "on" else "F.linear (MKL)",
         "rollout_dtype": None if rollout is None else str(rollout).removeprefix("torch."),
     }

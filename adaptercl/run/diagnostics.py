@@ -54,7 +54,7 @@ from adaptercl.domains import Domain, Example
 from adaptercl.measure import ROWS_PER_FORWARD, divergence_sums, token_scores
 from adaptercl.model import build_batch, encode_chat
 from adaptercl.recipe import StageConfig
-from adaptercl.rollout import RolloutEngine, SamplingParams
+from adaptercl.rollout import RolloutEngine, SamplingParams, packed_linears
 from adaptercl.teacher import TEACHER_PROMPTS, may_get_context
 from adaptercl.train import (  # the lift's measurement and helpers live in train/lift.py, shared with the lift gate
     StageContext,
@@ -152,16 +152,17 @@ def stage_kl(
     with isolated(model):
         completions = [g[0] for g in engine.generate(prompts, before or None, params)]
         engine.sleep()  # a colocated vLLM frees the card for the forwards (no-op for the hf engine)
-        for start in range(0, len(completions), ROWS_PER_FORWARD):
-            chunk = completions[start : start + ROWS_PER_FORWARD]
-            batch = build_batch([c.prompt_ids for c in chunk], [c.token_ids for c in chunk], tokenizer.pad_token_id)
-            batch = batch.to(device)
-            if batch.response_mask.any():
-                p, q = token_scores(model, batch, before), token_scores(model, batch, after)
-                kl_sum += divergence_sums(p, q, ("kl",))["kl"]
-                tokens += p.tokens
-            if on_response is not None:
-                on_response(start + len(chunk), len(completions))
+        with packed_linears(model):  # the scoring forwards on oneDNN-packed weights (float32 CPU models)
+            for start in range(0, len(completions), ROWS_PER_FORWARD):
+                chunk = completions[start : start + ROWS_PER_FORWARD]
+                prompt_ids, response_ids = [c.prompt_ids for c in chunk], [c.token_ids for c in chunk]
+                batch = build_batch(prompt_ids, response_ids, tokenizer.pad_token_id).to(device)
+                if batch.response_mask.any():
+                    p, q = token_scores(model, batch, before), token_scores(model, batch, after)
+                    kl_sum += divergence_sums(p, q, ("kl",))["kl"]
+                    tokens += p.tokens
+                if on_response is not None:
+                    on_response(start + len(chunk), len(completions))
     return {
         "kl_token_mean": kl_sum / tokens if tokens else float("nan"),  # nats per response token
         "kl_sequence_mean": kl_sum / max(1, len(completions)),  # nats per response: the sequence-level KL

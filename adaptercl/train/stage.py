@@ -39,7 +39,7 @@ from adaptercl.domains import reward_component_stats, score_samples
 from adaptercl.measure import parameter_drift_report, repeated_ngram_rate
 from adaptercl.model import TokenBatch, build_batch, encode_chat
 from adaptercl.recipe import METHODS
-from adaptercl.rollout import Completion
+from adaptercl.rollout import Completion, packed_base_linears
 from adaptercl.run_dir import StageDir, sample_rows
 from adaptercl.system import append_line, distributed, phased, read_jsonl, write_text
 from adaptercl.train import losses
@@ -81,7 +81,16 @@ def run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None = None)
     """Train `ctx.student` for the stage's steps; append one JSON line per step to metrics.jsonl and the step's kept
     rollout samples to samples.jsonl (`run_dir/samples.py`). Returns the last step's metrics. The trained stage
     ends with a checkpoint marked `trained`: a stage resumed from it runs no step and returns the same metrics. A
-    damaged checkpoint is removed and the stage starts over from step 0, said in one line (`_resume_point`)."""
+    damaged checkpoint is removed and the stage starts over from step 0, said in one line (`_resume_point`).
+
+    On a float32 CPU base the frozen base's linear weights are packed for oneDNN once for the stage
+    (`rollout.packed_weights.packed_base_linears`): the training forwards and backwards, the teacher's forwards and the
+    rollouts multiply by them there instead of MKL's float32 products."""
+    with packed_base_linears(ctx.model):
+        return _run_stage(ctx, optimizer)
+
+
+def _run_stage(ctx: StageContext, optimizer: torch.optim.Optimizer | None) -> dict[str, float]:
     stage, model, tok = ctx.stage, ctx.model, ctx.tokenizer
     if METHODS[stage.method].needs_teacher and ctx.teacher is None:
         raise ValueError(f"a {stage.method} stage needs ctx.teacher (see teacher.create_teacher)")

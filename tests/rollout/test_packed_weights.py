@@ -62,14 +62,66 @@ def test_layers_are_restored_also_when_the_block_raises():
     assert torch.equal(after, before)  # MKL's F.linear again, bit for bit
 
 
-def test_autograd_runs_the_layers_own_forward():
+def test_a_layer_that_trains_runs_its_own_forward_under_autograd():
     linear = torch.nn.Linear(16, 4)
     x = torch.randn(3, 16)
     with packed_linears(linear):
-        out = linear(x)  # grad enabled: the class's forward
+        out = linear(x)  # grad enabled and the weight trains: the class's forward
     assert torch.equal(out, F.linear(x, linear.weight, linear.bias))
     out.sum().backward()
     assert linear.weight.grad is not None and linear.weight.grad.abs().sum() > 0
+
+
+def grad_input_bound(grad: torch.Tensor, linear: torch.nn.Linear) -> torch.Tensor:
+    """grad @ W sums `out` products per input: `summation_bound`'s argument with the sum over the output dimension."""
+    n = linear.weight.shape[0]
+    u = torch.finfo(torch.float32).eps / 2
+    return 2 * n * u / (1 - n * u) * (grad.abs() @ linear.weight.abs())  # [..., in]
+
+
+@pytest.mark.parametrize("rows", [1, 8, 37])
+def test_a_frozen_layer_trains_its_input_through_the_packed_product(rows):
+    """A frozen layer (LoRA's base) under autograd: forward on the packed weight, and the input's gradient grad @ W on
+    the packed transpose, each within float32's summation bound of the plain layer's; the weight gets no gradient."""
+    torch.manual_seed(rows)
+    linear = torch.nn.Linear(96, 80).requires_grad_(False)
+    x = torch.randn(2, rows, 96, requires_grad=True)
+    upstream = torch.randn(2, rows, 80)  # d loss / d out
+    plain = linear(x)
+    (plain_grad,) = torch.autograd.grad(plain, x, upstream)
+    with packed_linears(linear) as count:
+        packed = linear(x)
+        assert type(packed.grad_fn).__name__ == "_PackedProductBackward"
+        (packed_grad,) = torch.autograd.grad(packed, x, upstream)
+    assert count == 1 and linear.weight.grad is None
+    assert (packed - plain).abs().le(summation_bound(x.detach(), linear)).all()
+    assert (packed_grad - plain_grad).abs().le(grad_input_bound(upstream, linear)).all()
+
+
+def test_a_pack_is_not_used_once_its_weight_changed():
+    """Written in place (an optimiser step, an EMA update: the version moves) or replaced (`folded_lora` swaps the
+    data): the layer's own forward; a block opened inside packs the changed layer anew and reuses the current one."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).requires_grad_(False)
+    x = torch.randn(3, 8)
+    with torch.no_grad(), packed_linears(model) as outer:
+        model[0].weight.mul_(2.0)  # in place
+        model[1].weight.data = model[1].weight.data * 3.0  # replaced
+        assert torch.equal(model[0](x), F.linear(x, model[0].weight, model[0].bias))
+        assert torch.equal(model[1](x), F.linear(x, model[1].weight, model[1].bias))
+        with packed_linears(model[0]) as inner:  # packed anew for this block
+            assert (
+                inner == 1
+                and (model[0](x) - F.linear(x, model[0].weight, model[0].bias))
+                .abs()
+                .le(summation_bound(x, model[0]))
+                .all()
+            )
+        assert torch.equal(model[0](x), F.linear(x, model[0].weight, model[0].bias))  # its pack went with the block
+        with packed_linears(model) as inner:
+            assert inner == 2
+            with packed_linears(model) as innermost:
+                assert innermost == 0  # both current now
+    assert outer == 2 and all("forward" not in m.__dict__ for m in model)
 
 
 def test_only_float32_cpu_linear_layers_are_packed():
@@ -213,13 +265,13 @@ def test_an_instance_forward_an_accelerate_hook_installed_runs_and_comes_back():
     assert Counting.calls == 2
 
 
-def test_a_block_inside_another_leaves_the_outer_layers_to_it():
+def test_a_block_inside_another_reuses_the_outer_current_packs():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
     with torch.no_grad(), packed_linears(model) as outer:
-        packed = [m.__dict__["forward"] for m in model]
+        installed = [m.__dict__["forward"] for m in model]
         with packed_linears(model) as inner:
-            assert inner == 0 and [m.__dict__["forward"] for m in model] == packed
-        assert outer == 2 and [m.__dict__["forward"] for m in model] == packed  # still packed after the inner block
+            assert inner == 0 and [m.__dict__["forward"] for m in model] == installed
+        assert outer == 2 and [m.__dict__["forward"] for m in model] == installed  # still packed after the inner block
     assert all("forward" not in m.__dict__ for m in model)
 
 

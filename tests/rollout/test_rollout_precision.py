@@ -175,6 +175,8 @@ def test_a_run_records_what_it_computed_with(tmp_path):
     assert record["mkl"] == cpu_kernels.decision() and record["mkl"]["source"]
     on = "on" if packed_weights.onednn_available(torch.bfloat16) else record["packed_weights"]["bfloat16"]
     assert record["packed_weights"]["bfloat16"] == on
+    on32 = packed_weights.onednn_available(torch.float32)
+    assert record["training_base_products"] == ("oneDNN, packed" if on32 else "F.linear (MKL)")
     expected = "bfloat16" if cpu_kernels.bf16_matmul_available() and on == "on" else "float32"
     assert record["rollout_dtype"] == expected
     steps = [

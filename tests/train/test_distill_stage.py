@@ -230,3 +230,48 @@ def test_sdpo_and_sdft_stages_run_end_to_end_and_resume_with_the_same_teacher(tm
     for _ in range(2):
         restore_teacher(model, out / "stage-02-two" / "teacher")
     assert adapter_names(model) == ["stage-02-two", "stage-02-two-teacher"]
+
+
+def test_the_stage_multiplies_by_the_frozen_base_packed_once(tmp_path, monkeypatch):
+    """run_stage packs the frozen base's linear layers once for the stage (`packed_base_linears`): the training
+    forward, the input gradients through the base, the teacher's forwards and the decode's unfolded layers (the LM
+    head) use those packs; the stage's block packs no LoRA factor; afterwards every layer has its own forward again
+    and the base is untouched."""
+    from packing_counts import counting
+
+    from adaptercl.rollout import packed_weights as pw
+    from adaptercl.train import stage as stage_module
+
+    if not pw.onednn_available():
+        pytest.skip("this torch has no oneDNN packed-linear ops")
+    ctx = stage_context(tmp_path, "sdpo", ToyDomain())
+    base = {n: p.clone() for n, p in ctx.model.named_parameters() if "lora_" not in n}
+    factors = {id(m) for n, m in ctx.model.named_modules() if ".lora_A." in n or ".lora_B." in n}
+    made, calls = [], {"product": 0, "grad_input": 0}
+    real_init, real_product, real_grad = pw._Pack.__init__, pw._Pack.product, pw._Pack.grad_input
+
+    def init(self, linear, dtype):
+        made.append(id(linear))
+        real_init(self, linear, dtype)
+
+    def counted(name, real):
+        def call(self, x):
+            calls[name] += 1
+            return real(self, x)
+
+        return call
+
+    monkeypatch.setattr(pw._Pack, "__init__", init)
+    monkeypatch.setattr(pw._Pack, "product", counted("product", real_product))
+    monkeypatch.setattr(pw._Pack, "grad_input", counted("grad_input", real_grad))
+    stage_blocks: list[int] = []
+    monkeypatch.setattr(stage_module, "packed_base_linears", counting(stage_module.packed_base_linears, stage_blocks))
+    run_stage(ctx)
+    linears = [m for m in ctx.model.modules() if type(m) is torch.nn.Linear and id(m) not in factors]
+    assert stage_blocks == [len(linears)]  # one block for the stage, over the base's layers only
+    assert set(made[: len(linears)]) == {id(m) for m in linears}
+    head = ctx.model.get_output_embeddings()
+    assert made.count(id(head)) == 1  # packed once for the stage: the two rollouts reuse it
+    assert calls["product"] > 0 and calls["grad_input"] > 0
+    assert all(not isinstance(m.__dict__.get("forward"), pw._PackedForward) for m in ctx.model.modules())
+    assert all(torch.equal(p, base[n]) for n, p in ctx.model.named_parameters() if "lora_" not in n)
