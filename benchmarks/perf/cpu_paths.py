@@ -11,6 +11,10 @@ reports the median of the per-round paired ratios to the reference. Parts (`--pa
   variant: `float32-plain` (oneDNN off, `torch.backends.mkldnn.flags(enabled=False)`: MKL's sgemm), `float32-packed`
   (the default), `bfloat16-packed` (`rollout.dtype: bfloat16`); every row forced to `--tokens` new tokens
   (`min_new_tokens`), so every variant decodes the same tokens' worth of work. Reference: float32-packed.
+- `train`: a training step's products through a frozen linear layer (LoRA's base, the LM head) on SmolLM2's shapes,
+  forward and the input's gradient (`y = layer(x); y.backward(g)`, `--prompts x --group x --tokens` rows), as
+  `plain` (F.linear: MKL's sgemm) and `packed` (inside `packed_linears`: what `run_stage` runs since issue 46, the
+  packing itself outside the timing, as a stage packs once). Reference: plain.
 - `mismatch`: the rollouts of the quickstart's first `--steps` steps (its arithmetic prompts, 4 x 6 rows, 24 tokens,
   T 1) sampled on bf16 weights, their sampler logprobs against the trainer's float32 ones (`hf.response_logprobs`,
   what the trainer computes): mean |log ratio| per token and the spread of the rollout IS weight the trainer applies,
@@ -43,6 +47,12 @@ from provenance import markdown_table, provenance, spread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DECODE_VARIANTS = ("float32-plain", "float32-packed", "bfloat16-packed")
+TRAIN_SHAPES = {
+    "q/o (k/v: 192 rows)": (576, 576),
+    "gate/up": (1536, 576),
+    "down": (576, 1536),
+    "lm_head": (49152, 576),
+}
 REFERENCE = "float32-packed"
 
 
@@ -140,6 +150,49 @@ def run_decode(args: argparse.Namespace, model, tokenizer, steps) -> dict[str, A
     }
 
 
+def run_train(args: argparse.Namespace) -> dict[str, Any]:
+    """Per shape [out, in]: seconds of forward + input gradient, plain and packed, interleaved; the paired ratio."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    rows = args.prompts * args.group * args.tokens
+    out: dict[str, Any] = {"rows": rows, "shapes": {}}
+    for name, (n_out, n_in) in TRAIN_SHAPES.items():
+        layer = torch.nn.Linear(n_in, n_out, bias=False).requires_grad_(False)
+        x = torch.randn(rows, n_in, generator=generator).requires_grad_(True)  # [rows, in]
+        upstream = torch.randn(rows, n_out, generator=generator)  # [rows, out]
+        seconds = train_products(layer, x, upstream, args.rounds)
+        ratios = [a / b for a, b in zip(seconds["packed"], seconds["plain"])]
+        out["shapes"][f"{name} [{n_out}, {n_in}]"] = {
+            "seconds": {v: spread(t) for v, t in seconds.items()},
+            "paired_ratio_packed_to_plain": statistics.median(ratios),
+        }
+    return out
+
+
+def train_products(layer, x, upstream, rounds: int) -> dict[str, list[float]]:
+    """Seconds of `layer`'s forward and x's gradient, plain (F.linear) and packed, `rounds` interleaved turns each."""
+    import torch.nn.functional as F
+
+    from adaptercl.rollout.packed_weights import packed_linears
+
+    def one(forward) -> float:
+        t0 = time.perf_counter()
+        forward(x).backward(upstream)
+        x.grad = None
+        return time.perf_counter() - t0
+
+    variants = {"plain": lambda v: F.linear(v, layer.weight), "packed": layer}
+    seconds: dict[str, list[float]] = {v: [] for v in variants}
+    with packed_linears(layer):
+        for forward in variants.values():  # warm-up, and the packed W^T made at the first backward
+            one(forward)
+        for turn in range(rounds):
+            for v in variants if turn % 2 == 0 else reversed(list(variants)):
+                seconds[v].append(one(variants[v]))
+    return seconds
+
+
 def run_mismatch(args: argparse.Namespace, model, tokenizer, steps) -> dict[str, Any]:
     """The bf16 sampler's logprobs against the trainer's float32 ones, per token of every step's rollouts."""
     import torch
@@ -192,6 +245,17 @@ def markdown(result: dict[str, Any]) -> str:
         ]  # fmt: skip
         out.append(f"Sampled rollout, {d['rows']} rows x {d['new_tokens']} tokens:\n")
         out.append(markdown_table(["variant", "median s", "ms / token", f"paired ratio to {REFERENCE}"], rows) + "\n")
+    if "train" in result:
+        t = result["train"]
+        rows = [
+            [shape, f"{r['seconds']['plain']['median'] * 1000:.2f}", f"{r['seconds']['packed']['median'] * 1000:.2f}",
+             f"{r['paired_ratio_packed_to_plain']:.3f}"]
+            for shape, r in t["shapes"].items()
+        ]  # fmt: skip
+        out.append(f"A frozen layer's forward + input gradient, {t['rows']} rows:\n")
+        out.append(
+            markdown_table(["layer [out, in]", "plain ms", "packed ms", "paired ratio packed / plain"], rows) + "\n"
+        )
     if "mismatch" in result:
         m = result["mismatch"]
         w = m["is_weight"]
@@ -206,7 +270,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "mkl", "decode", "mismatch"], default="all")
+    parser.add_argument("--part", choices=["all", "mkl", "decode", "train", "mismatch"], default="all")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--adapter", default=None, help="a trained adapter folder (default: a fresh one, B = 0)")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step (the quickstart's 4)")
@@ -226,7 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         from adaptercl.system.cpu_kernels import measure_mkl_branches
 
         result["mkl"] = measure_mkl_branches(rounds=args.rounds)
-    if args.part != "mkl":
+    if args.part in ("all", "train"):
+        result["train"] = run_train(args)
+    if args.part not in ("mkl", "train"):
         model, tokenizer, steps = quickstart_setup(args)
         if args.part in ("all", "decode"):
             result["decode"] = run_decode(args, model, tokenizer, steps)
