@@ -1,8 +1,9 @@
-"""oneDNN-packed linear weights while decoding: the products equal `F.linear`'s up to float32 summation order (in
-bf16: of the bf16-rounded operands, rounded once), layers come back as they were (also after an error; an instance's
-own forward, an accelerate hook's, put back), autograd never runs on the packed path, only float32 CPU `nn.Linear`
-layers are packed, the engine decodes on them; and the fallbacks: ops missing, with another signature or
-disagreeing with `F.linear` (one logged line, the plain path), oneDNN disabled, a block inside another."""
+"""oneDNN-packed linear weights: the products equal `F.linear`'s up to float32 summation order (in bf16: of the
+bf16-rounded operands, rounded once), and so do a frozen layer's forward and input gradient under autograd (a layer
+that trains runs its own forward); layers come back as they were (also after an error; an instance's own forward, an
+accelerate hook's, put back); a pack whose weight changed is not used, and a block inside another packs only such
+layers; only float32 CPU `nn.Linear` layers are packed, the engine decodes on them; and the fallbacks: ops missing,
+with another signature or disagreeing with `F.linear` (one logged line, the plain path), oneDNN disabled."""
 
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def test_a_frozen_layer_trains_its_input_through_the_packed_product(rows):
 
 def test_a_pack_is_not_used_once_its_weight_changed():
     """Written in place (an optimiser step, an EMA update: the version moves) or replaced (`folded_lora` swaps the
-    data): the layer's own forward; a block opened inside packs the changed layer anew and reuses the current one."""
+    data): the layer's own forward; a block opened inside packs the changed layers anew for its own length, and a
+    block inside that one reuses those packs."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).requires_grad_(False)
     x = torch.randn(3, 8)
     with torch.no_grad(), packed_linears(model) as outer:
