@@ -125,10 +125,11 @@ class _Pack:
     alive, so no other tensor can take its address while the pack exists."""
 
     def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
+        self.ops = _onednn_ops()
         self.weight = linear.weight.detach()  # [out, in], the packed values' source
         self.version = linear.weight._version
         self.dtype = dtype
-        self.packed = _onednn_ops()._reorder_linear_weight(self.weight.to(dtype), PACK_ROWS)  # oneDNN blocked layout
+        self.packed = self.ops._reorder_linear_weight(self.weight.to(dtype), PACK_ROWS)  # oneDNN blocked layout
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)  # [out]
         self.transposed: torch.Tensor | None = None  # W^T [in, out] packed, made at the first backward
 
@@ -137,12 +138,12 @@ class _Pack:
         return weight.data_ptr() == self.weight.data_ptr() and weight._version == self.version
 
     def product(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out], float32
-        return _onednn_ops()._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").float()
+        return self.ops._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").float()
 
     def grad_input(self, grad: torch.Tensor) -> torch.Tensor:  # [..., out] -> [..., in]: grad @ W
         if self.transposed is None:
-            self.transposed = _onednn_ops()._reorder_linear_weight(self.weight.t().contiguous(), PACK_ROWS)
-        return _onednn_ops()._linear_pointwise(grad.contiguous(), self.transposed, None, "none", [], "")
+            self.transposed = self.ops._reorder_linear_weight(self.weight.t().contiguous(), PACK_ROWS)
+        return self.ops._linear_pointwise(grad.contiguous(), self.transposed, None, "none", [], "")
 
 
 class _PackedProduct(torch.autograd.Function):

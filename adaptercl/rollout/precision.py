@@ -86,9 +86,10 @@ def cpu_paths(rollout: torch.dtype | None) -> dict[str, Any]:
             return "off: torch.backends.mkldnn.enabled is False"
         return "on" if onednn_available(dtype) else f"off: {onednn_refusal(dtype)}"
 
+    float32 = packed(torch.float32)
     return {
         "mkl": cpu_kernels.decision(),
-        "packed_weights": {"float32": packed(torch.float32), "bfloat16": packed(torch.bfloat16)},
-        "training_base_products": "oneDNN, packed" if packed(torch.float32) == "on" else "F.linear (MKL)",
+        "packed_weights": {"float32": float32, "bfloat16": packed(torch.bfloat16)},
+        "training_base_products": "oneDNN, packed" if float32 == "on" else "F.linear (MKL)",
         "rollout_dtype": None if rollout is None else str(rollout).removeprefix("torch."),
     }

@@ -47,12 +47,7 @@ from provenance import markdown_table, provenance, spread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DECODE_VARIANTS = ("float32-plain", "float32-packed", "bfloat16-packed")
-TRAIN_SHAPES = {
-    "q/o (k/v: 192 rows)": (576, 576),
-    "gate/up": (1536, 576),
-    "down": (576, 1536),
-    "lm_head": (49152, 576),
-}
+TRAIN_SHAPES = {"q/o": (576, 576), "gate/up": (1536, 576), "down": (576, 1536), "lm_head": (49152, 576)}  # [out, in]
 REFERENCE = "float32-packed"
 
 

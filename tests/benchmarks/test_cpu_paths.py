@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from packing_counts import counting_packs
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "perf"))
@@ -21,25 +22,13 @@ from adaptercl.rollout import packed_weights as pw  # noqa: E402
 def test_train_part_times_the_packed_product_and_the_plain_one(monkeypatch):
     if not pw.onednn_available():
         pytest.skip("this torch has no oneDNN packed-linear ops")
-    calls = {"product": 0, "grad_input": 0}
-    real_product, real_grad = pw._Pack.product, pw._Pack.grad_input
-
-    def product(self, x):
-        calls["product"] += 1
-        return real_product(self, x)
-
-    def grad_input(self, grad):
-        calls["grad_input"] += 1
-        return real_grad(self, grad)
-
-    monkeypatch.setattr(pw._Pack, "product", product)
-    monkeypatch.setattr(pw._Pack, "grad_input", grad_input)
+    calls = counting_packs(monkeypatch)
     monkeypatch.setattr(cpu_paths, "TRAIN_SHAPES", {"small": (24, 16), "wide": (40, 16)})
     rounds = 3
     result = cpu_paths.run_train(argparse.Namespace(prompts=1, group=2, tokens=3, rounds=rounds))
     assert result["rows"] == 6 and list(result["shapes"]) == ["small [24, 16]", "wide [40, 16]"]
     # per shape: one warm-up and `rounds` timed turns of the packed variant, each a forward and a backward
-    assert calls == {"product": 2 * (1 + rounds), "grad_input": 2 * (1 + rounds)}
+    assert (calls["product"], calls["grad_input"]) == (2 * (1 + rounds), 2 * (1 + rounds))
     for record in result["shapes"].values():
         assert [record["seconds"][v]["n"] for v in ("plain", "packed")] == [rounds, rounds]
         assert math.isfinite(record["paired_ratio_packed_to_plain"]) and record["paired_ratio_packed_to_plain"] > 0

@@ -237,7 +237,7 @@ def test_the_stage_multiplies_by_the_frozen_base_packed_once(tmp_path, monkeypat
     forward, the input gradients through the base, the teacher's forwards and the decode's unfolded layers (the LM
     head) use those packs; the stage's block packs no LoRA factor; afterwards every layer has its own forward again
     and the base is untouched."""
-    from packing_counts import counting
+    from packing_counts import counting, counting_packs
 
     from adaptercl.rollout import packed_weights as pw
     from adaptercl.train import stage as stage_module
@@ -247,23 +247,8 @@ def test_the_stage_multiplies_by_the_frozen_base_packed_once(tmp_path, monkeypat
     ctx = stage_context(tmp_path, "sdpo", ToyDomain())
     base = {n: p.clone() for n, p in ctx.model.named_parameters() if "lora_" not in n}
     factors = {id(m) for n, m in ctx.model.named_modules() if ".lora_A." in n or ".lora_B." in n}
-    made, calls = [], {"product": 0, "grad_input": 0}
-    real_init, real_product, real_grad = pw._Pack.__init__, pw._Pack.product, pw._Pack.grad_input
-
-    def init(self, linear, dtype):
-        made.append(id(linear))
-        real_init(self, linear, dtype)
-
-    def counted(name, real):
-        def call(self, x):
-            calls[name] += 1
-            return real(self, x)
-
-        return call
-
-    monkeypatch.setattr(pw._Pack, "__init__", init)
-    monkeypatch.setattr(pw._Pack, "product", counted("product", real_product))
-    monkeypatch.setattr(pw._Pack, "grad_input", counted("grad_input", real_grad))
+    calls = counting_packs(monkeypatch)
+    made = calls["made"]
     stage_blocks: list[int] = []
     monkeypatch.setattr(stage_module, "packed_base_linears", counting(stage_module.packed_base_linears, stage_blocks))
     run_stage(ctx)
