@@ -122,14 +122,16 @@ def _probe(dtype: torch.dtype) -> str | None:
 class _Pack:
     """One layer's weight (and bias) packed in `dtype`, with what it was packed from: current while the layer's
     weight is still that tensor (same storage, no in-place write since: `_version`). The held weight keeps its storage
-    alive, so no other tensor can take its address while the pack exists."""
+    alive, so no other tensor can take its address while the pack exists. The packed copy is made at the first
+    product (a layer the block never calls, such as a folded LoRA's own A and B in a rollout, is never packed), from
+    the held weight, which a current pack's layer still has."""
 
     def __init__(self, linear: torch.nn.Linear, dtype: torch.dtype):
         self.ops = _onednn_ops()
         self.weight = linear.weight.detach()  # [out, in], the packed values' source
         self.version = linear.weight._version
         self.dtype = dtype
-        self.packed = self.ops._reorder_linear_weight(self.weight.to(dtype), PACK_ROWS)  # oneDNN blocked layout
+        self.packed: torch.Tensor | None = None  # oneDNN blocked layout, made at the first product
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype)  # [out]
         self.transposed: torch.Tensor | None = None  # W^T [in, out] packed, made at the first backward
 
@@ -138,6 +140,8 @@ class _Pack:
         return weight.data_ptr() == self.weight.data_ptr() and weight._version == self.version
 
     def product(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out], float32
+        if self.packed is None:
+            self.packed = self.ops._reorder_linear_weight(self.weight.to(self.dtype), PACK_ROWS)
         return self.ops._linear_pointwise(x.to(self.dtype), self.packed, self.bias, "none", [], "").float()
 
     def grad_input(self, grad: torch.Tensor) -> torch.Tensor:  # [..., out] -> [..., in]: grad @ W
@@ -195,8 +199,8 @@ def packed_linears(
     float32). With autograd on, a float32 pack of a layer whose weight and bias train nothing runs forward and the
     input's gradient on oneDNN too; any other layer runs its own `forward`. A layer whose weight was replaced or
     written in place since it was packed runs its own `forward` as well. Inside another block, a layer whose outer
-    pack is current and of `dtype` uses it; the others are packed for this block. Yields how many layers this block
-    packed (0 where the ops do not run here)."""
+    pack is current and of `dtype` uses it; the others are packed for this block, each at its first product. Yields
+    how many layers this block gave a pack of its own (0 where the ops do not run here)."""
     pushed: list[_PackedForward] = []
     try:
         refused = None  # the first dtype the block needs whose packed path does not run here

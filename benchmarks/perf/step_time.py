@@ -49,10 +49,16 @@ prompt tokens per row, each side). What could not be made equal (also the result
   random stream, so the steps see different prompts of the same domain and, at natural length, different lengths
   (completion_len records both).
 
-Alternation: TRL's `trainer.train()` runs in the main thread; adaptercl's real `run_stage` runs in a worker
-thread; the two hand over strictly after every optimiser step (a TRL callback, added last so that SDPOTrainer's EMA
-teacher update runs inside TRL's step, and the stage's `on_step` hook), so exactly one of them computes at any time
-and both see the same machine conditions. What is timed:
+Alternation: both run in the main OS thread, TRL's `trainer.train()` in the main greenlet and adaptercl's real
+`run_stage` in a second one (`greenlet`: each its own Python stack, one OS thread); the two hand over strictly after
+every optimiser step (a TRL callback, added last so that SDPOTrainer's EMA teacher update runs inside TRL's step, and
+the stage's `on_step` hook), so exactly one of them computes at any time and both see the same machine conditions.
+Why not a worker thread (this script until 2026-11-29): torch's OpenMP parallel regions started from a second OS
+thread ran at the cost of a passive wait policy, measured on the 2-core EPYC: a [8, 48, 1536] add 0.04 ms in the
+main thread, 0.09 ms in another; adaptercl's SDPO step in a worker thread 6.5-7.1 s against 4.6-4.9 s in the main
+thread, where both `adaptercl recipe run` and a TRL script run. Torch's grad mode is thread-local, so a greenlet
+switch keeps each side's own (`Alternation`).
+What is timed:
 - adaptercl: `time_step_s` of metrics.jsonl (rollout, reward, batch, teacher prompts, loss, backward, clip,
   optimiser and scheduler step, teacher update, engine bookkeeping; not the JSON line write);
 - TRL: `on_step_begin` -> `on_step_end` (generation, reward, teacher prompts, loss, backward, clip, optimiser and
@@ -98,10 +104,13 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import greenlet
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
@@ -129,22 +138,26 @@ NATURAL_LENGTH_NOTE = (
 )
 
 
-class TurnTaking:
-    """Strict turns between two runners: `pass_to(other)` then `wait_for(me)`; only one computes at a time."""
+class Alternation:
+    """Strict turns between the main greenlet (TRL's trainer) and a second greenlet (adaptercl's stage), both in this
+    OS thread: `to_stage()` from TRL's side runs the stage until its `to_trainer()` (or its end), and back. Each side
+    keeps its own torch grad mode across the switch (thread-local state, which greenlets share)."""
 
-    def __init__(self, first: str):
-        self._cond = threading.Condition()
-        self._turn = first
-        self.error: BaseException | None = None
+    def __init__(self, stage: Callable[[], Any]):
+        self.trainer = greenlet.getcurrent()
+        self.stage = greenlet.greenlet(stage, parent=self.trainer)  # an exception in the stage surfaces in to_stage
 
-    def pass_to(self, who: str) -> None:
-        with self._cond:
-            self._turn = who
-            self._cond.notify_all()
+    @staticmethod
+    def _switch(target: greenlet.greenlet) -> None:
+        grad = torch.is_grad_enabled()
+        target.switch()
+        torch.set_grad_enabled(grad)
 
-    def wait_for(self, who: str) -> None:
-        with self._cond:
-            self._cond.wait_for(lambda: self._turn == who)
+    def to_stage(self) -> None:
+        self._switch(self.stage)
+
+    def to_trainer(self) -> None:
+        self._switch(self.trainer)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -160,10 +173,11 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     model_path, model_note = plain_model_folder(args.model, work)
     ctx = adaptercl_context(args, work, model_path)
     side = TRL_SIDES[args.method]
-    turns = TurnTaking(first="trl")
     trl_times: list[float] = []
     trl_rollout: list[float] = []
     order: list[str] = []  # who finished each step, to check the alternation
+    total = args.warmup + args.steps
+    turns = Alternation(lambda: run_stage(ctx))
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, a, state, control, **kwargs):
@@ -172,30 +186,14 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         def on_step_end(self, a, state, control, **kwargs):
             trl_times.append(time.perf_counter() - self.t0)
             order.append("trl")
-            turns.pass_to("adaptercl")  # one adaptercl step now, then back here
-            turns.wait_for("trl")
-            if turns.error is not None:
-                raise RuntimeError("the adaptercl stage failed") from turns.error
-
-    total = args.warmup + args.steps
+            turns.to_stage()  # one adaptercl step now (the first call starts the stage), then back here
 
     def after_adaptercl_step(step: int, _metrics: dict, _samples: list) -> None:
         order.append("adaptercl")
-        if step < total:  # after the last step run_stage returns and the worker hands back
-            turns.pass_to("trl")
-            turns.wait_for("adaptercl")
+        if step < total:  # after the last step run_stage returns, which hands back too
+            turns.to_trainer()
 
     ctx.on_step = after_adaptercl_step
-
-    def adaptercl_worker() -> None:
-        try:
-            turns.wait_for("adaptercl")
-            run_stage(ctx)
-        except BaseException as err:  # noqa: BLE001 - handed to the main thread
-            turns.error = err
-        finally:
-            turns.pass_to("trl")
-
     trainer = side.build(args, work, model_path, ctx)
     trainer.add_callback(StepTimer())  # the last callback: the trainer's own (SDPO's EMA update) end inside the step
     rollout = getattr(trainer, side.rollout)
@@ -207,13 +205,10 @@ def run_in(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         return out
 
     setattr(trainer, side.rollout, timed_rollout)
-    worker = threading.Thread(target=adaptercl_worker, daemon=True)
     with TeacherPromptTokens() as ours_teacher:
-        worker.start()
         trainer.train()
-        worker.join()
-    if turns.error is not None:
-        raise RuntimeError("the adaptercl stage failed") from turns.error
+    if not turns.stage.dead:
+        raise RuntimeError(f"adaptercl's stage did not finish with TRL's {total} steps: {order}")
     if order != ["trl", "adaptercl"] * total:
         raise RuntimeError(f"the two systems did not alternate step by step: {order}")
     rows = [r for r in map(json.loads, (ctx.stage_dir / "metrics.jsonl").read_text().splitlines()) if "event" not in r]
@@ -373,8 +368,6 @@ def main() -> int:
     if prompts == "arithmetic":
         args.domain = None
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
     info = provenance()
     try:

@@ -2,7 +2,8 @@
 time per generated token is each step's rollout time over its tokens, a real run of the short workload on the tiny
 model has every completion at the cap on both sides (the decode loop honours min_new_tokens), and the SDPO comparison
 gives TRL's SDPOTrainer the teacher prompts adaptercl's sdpo stage builds, distils every row on both sides and lists
-what it could not make equal in its docstring and its result alike."""
+what it could not make equal in its docstring and its result alike; the two sides alternate in one OS thread, each
+keeping its own grad mode, and a stage's error surfaces on the trainer's side."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "perf"))
@@ -30,6 +32,43 @@ def trl_environ_restored():
     yield
     os.environ.clear()
     os.environ.update(saved)
+
+
+def test_the_alternation_runs_both_sides_in_one_thread_with_their_own_grad_mode():
+    """The stage runs in this OS thread (not a worker: OpenMP regions run slower there), a switch hands back after
+    each of its steps, each side finds its grad mode as it left it, and after its last step the stage is done."""
+    import threading
+
+    seen = []
+
+    def stage():
+        for step in range(2):
+            seen.append(("stage", step, threading.get_ident(), torch.is_grad_enabled()))
+            torch.set_grad_enabled(False)  # the stage's own mode, which the trainer must not see
+            turns.to_trainer()
+            assert not torch.is_grad_enabled()  # its own again after the trainer ran with grad on
+            torch.set_grad_enabled(True)
+
+    turns = st.Alternation(stage)
+    for _ in range(3):
+        assert torch.is_grad_enabled()
+        turns.to_stage()
+        seen.append(("trainer", threading.get_ident(), torch.is_grad_enabled()))
+    me = threading.get_ident()
+    assert seen == [
+        ("stage", 0, me, True), ("trainer", me, True), ("stage", 1, me, True), ("trainer", me, True),
+        ("trainer", me, True),
+    ]  # fmt: skip
+    assert turns.stage.dead
+
+
+def test_an_error_in_the_stage_surfaces_where_the_trainer_handed_over():
+    def stage():
+        raise ValueError("the stage failed")
+
+    turns = st.Alternation(stage)
+    with pytest.raises(ValueError, match="the stage failed"):
+        turns.to_stage()
 
 
 def test_equal_lengths_pass_and_any_other_length_is_refused_naming_both_sides():

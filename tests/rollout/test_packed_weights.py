@@ -126,6 +126,28 @@ def test_a_pack_is_not_used_once_its_weight_changed():
     assert outer == 2 and all("forward" not in m.__dict__ for m in model)
 
 
+def test_a_layer_is_packed_at_its_first_product_and_never_if_not_called(monkeypatch):
+    """A block gives every packable layer a pack, but oneDNN's reorder runs at a layer's first product, once: a layer
+    the block never calls (a folded LoRA's own A and B in a rollout) costs no packing."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4))
+    x = torch.randn(3, 8)
+    real = torch.ops.mkldnn
+    reordered = []
+
+    def reorder(weight, rows):
+        reordered.append(tuple(weight.shape))
+        return real._reorder_linear_weight(weight, rows)
+
+    monkeypatch.setattr(pw, "_onednn_ops", lambda: SimpleNamespace(
+        _reorder_linear_weight=reorder, _linear_pointwise=real._linear_pointwise))  # fmt: skip
+    with torch.no_grad(), packed_linears(model) as count:
+        assert count == 2 and reordered == []
+        for _ in range(3):
+            out = model[0](x)
+        assert reordered == [(8, 8)]  # the first layer, once; the second never called
+    assert (out - F.linear(x, model[0].weight, model[0].bias)).abs().le(summation_bound(x, model[0])).all()
+
+
 def test_only_float32_cpu_linear_layers_are_packed():
     class Subclass(torch.nn.Linear):
         pass
