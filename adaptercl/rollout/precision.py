@@ -11,11 +11,12 @@ of the linear weights, packed for oneDNN (`packed_weights.py`), the LoRA folded 
 the engine returns the sampler's logprobs and the trainer's rollout-mismatch weights min(exp(logp − logp_rollout), 2)
 correct the difference (`hf.py`). `auto` is bfloat16 where the CPU has bf16 matrix units (AMX-BF16, AVX512-BF16),
 torch's kernels use them (its CPU capability is AVX512) and oneDNN's bf16 product passes its probe, for a float32
-model on the CPU; float32 elsewhere. Evidence (benchmarks/perf/cpu_paths.py, preliminary, a loaded 2-core AMD EPYC
-with AVX512-BF16): the quickstart's rollout 0.65x the float32 one's time, the long workload's decode 0.74x, the short
-step_time workload's GRPO step 0.51x TRL's against 0.58x in float32; against the float32 trainer a mean |log
-ratio| of 0.027 per token and IS weights 1.00 ± 0.04 (1-99 %: 0.90-1.12, none clipped). Whether the quickstart learns
-as much on it is not measured yet (benchmarks/perf/README.md, "rollout.dtype"): until it is, recipes keep float32.
+model on the CPU; float32 elsewhere. Evidence (2-core AMD EPYC, Zen 4, AVX512-BF16): against the float32 trainer a
+mean |log ratio| of 0.027 per token and IS weights 1.00 ± 0.04 (1-99 %: 0.90-1.12, none clipped; cpu_paths.py);
+the quickstart learns as much on bf16 rollouts as on float32 ones at seeds 0 and 1 (arithmetic +0.333 / +0.367 and
++0.333 / +0.300 at n 30; benchmarks/quickstart/results.md), and its whole run with the model cached takes 1:36 against
+1:45 (two runs each, interleaved, at 99af00e). recipes/quickstart.yaml therefore uses auto; the field's default stays
+float32, the exactly on-policy reference.
 """
 
 from __future__ import annotations

@@ -123,8 +123,10 @@ def _terms(
     divergence = teacher_logp = None
     if teacher_logits is not None:
         ids = response_ids[target_rows]  # [n_t, T]
+        every_row = torch.equal(target_rows, torch.arange(logits.shape[0], device=target_rows.device))
+        student = logits if every_row else logits[target_rows]  # [n_t, T, V]: no copy (nor its backward) of all rows
         divergence = distillation_divergence(
-            logits[target_rows], teacher_logits, distill.alpha, distill.support, distill.topk, distill.tail, ids
+            student, teacher_logits, distill.alpha, distill.support, distill.topk, distill.tail, ids
         )  # [n_t, T]
         if distill.support == "sampled":
             with torch.no_grad():

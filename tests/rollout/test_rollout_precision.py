@@ -150,7 +150,8 @@ def test_rollout_dtype_with_a_vllm_engine_is_one_line(engine):
     server = ["rollout.server.url=http://127.0.0.1:8000"] if engine == "vllm_server" else []
     with pytest.raises(RecipeError, match=rf"dtype is the transformers engine's .* engine {engine} .* remove rollout"):
         load_recipe("recipes/quickstart.yaml", [f"rollout.engine={engine}", "rollout.dtype=float32", *server])
-    load_recipe("recipes/quickstart.yaml", [f"rollout.engine={engine}", *server])  # unset: fine
+    recipe = load_recipe("recipes/quickstart.yaml", [f"rollout.engine={engine}", *server])  # the quickstart's auto
+    assert recipe.stages[0].rollout.dtype == "auto"  # fine: the engine's own dtype
 
 
 def test_a_run_records_what_it_computed_with(tmp_path):
