@@ -56,8 +56,8 @@ the stage's `on_step` hook), so exactly one of them computes at any time and bot
 Why not a worker thread (this script until 2026-11-29): torch's OpenMP parallel regions started from a second OS
 thread ran at the cost of a passive wait policy, measured on the 2-core EPYC: a [8, 48, 1536] add 0.04 ms in the
 main thread, 0.09 ms in another; adaptercl's SDPO step in a worker thread 6.5-7.1 s against 4.6-4.9 s in the main
-thread, where both `adaptercl recipe run` and a TRL script run. Torch's grad mode is thread-local, so a greenlet
-switch keeps each side's own (`Alternation`).
+thread, where both `adaptercl recipe run` and a TRL script run (`thread_penalty.py` measures the effect). Torch's grad
+mode is thread-local, so a greenlet switch keeps each side's own (`Alternation`).
 What is timed:
 - adaptercl: `time_step_s` of metrics.jsonl (rollout, reward, batch, teacher prompts, loss, backward, clip,
   optimiser and scheduler step, teacher update, engine bookkeeping; not the JSON line write);
