@@ -133,6 +133,7 @@ def test_a_layer_is_packed_at_its_first_product_and_never_if_not_called(monkeypa
     x = torch.randn(3, 8)
     real = torch.ops.mkldnn
     reordered = []
+    assert pw.onednn_refusal(torch.float32) is None  # probed now if not yet: its own reorder is not the block's
 
     def reorder(weight, rows):
         reordered.append(tuple(weight.shape))
