@@ -4,8 +4,9 @@ Times the same small elementwise operation (a [8, 48, 1536] float32 add, the siz
 short workload, one OpenMP region per call) in four settings, interleaved round by round so that a drifting machine
 shifts them alike: in the main thread alone (`main`); in a worker thread while the main thread, which has computed
 before, waits (`worker`: the old step_time.py's adaptercl side); in the main thread while a worker thread that has
-computed waits (`main_beside_worker`: the old TRL side); and in a second greenlet of the main thread (`greenlet`: the
-step_time.py of now). Reports each setting's median microseconds per add and its ratio to `main`.
+computed waits (`main_beside_worker`: the old TRL side); and in a second greenlet of the main thread, handed over by
+step_time.py's own `Alternation` (`greenlet`: the step_time.py of now). Reports each setting's median microseconds
+per add and its ratio to `main`.
 
     python benchmarks/perf/thread_penalty.py [--calls 5000] [--rounds 5]
 
@@ -21,13 +22,13 @@ import threading
 import time
 from pathlib import Path
 
-import greenlet
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
 from perf_common import write_result  # noqa: E402
 from provenance import provenance  # noqa: E402
+from step_time import Alternation  # noqa: E402 - the greenlet setting times step_time.py's own hand-over
 
 
 def time_adds(calls: int) -> float:
@@ -73,17 +74,16 @@ class Worker:
 
 def measure(calls: int, rounds: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {"main": [], "worker": [], "main_beside_worker": [], "greenlet": []}
-    main = greenlet.getcurrent()
 
-    def in_greenlet() -> None:
+    def stage() -> None:  # as step_time.py's adaptercl side: compute, then hand back to the main greenlet
         while True:
             times["greenlet"].append(time_adds(calls))
-            main.switch()
+            turns.to_trainer()
 
-    other = greenlet.greenlet(in_greenlet)
+    turns = Alternation(stage)
     for _ in range(rounds):
         times["main"].append(time_adds(calls))  # before any second thread exists in this round
-        other.switch()
+        turns.to_stage()
         worker = Worker(calls)
         times["worker"].append(worker.run())
         times["main_beside_worker"].append(time_adds(calls))

@@ -12,6 +12,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,6 @@ def trl_environ_restored():
 def test_the_alternation_runs_both_sides_in_one_thread_with_their_own_grad_mode():
     """The stage runs in this OS thread (not a worker: OpenMP regions run slower there), a switch hands back after
     each of its steps, each side finds its grad mode as it left it, and after its last step the stage is done."""
-    import threading
-
     seen = []
 
     def stage():
