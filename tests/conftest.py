@@ -16,6 +16,11 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 # Tiny models are overhead-bound: one thread per process is faster and immune to oversubscription.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# The products on the packed linear weights wherever oneDNN runs them (rollout/packed_choice.py): the path the tests'
+# expectations and the committed results were computed on, not this CPU's measured choice (whose rule
+# tests/rollout/test_packed_choice.py covers).
+os.environ.setdefault("ADAPTERCL_PACKED_WEIGHTS", "on")
+
 # `import adaptercl` makes its process-wide choices (system/cpu_kernels.py: MKL's code path) here, once, before any
 # test computes: every test and every subprocess a test starts (which inherits this environment) then computes on the
 # same kernels, whichever test happens to import adaptercl first.

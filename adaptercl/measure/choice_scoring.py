@@ -145,7 +145,7 @@ def evaluate_choices(
     was_training = model.training
     model.eval()
     try:
-        with active_adapters(model, adapters), packed_linears(model):
+        with active_adapters(model, adapters), packed_linears(model, use="sequences"):
             scores = option_scores(model, tokenizer, prompts, letters)
     finally:
         model.train(was_training)

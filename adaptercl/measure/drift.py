@@ -181,7 +181,7 @@ def response_drift(
         answered.append((prompts, [g[0] for g in engine.generate(prompts, adapters, params)]))
     engine.sleep()  # a colocated vLLM frees the card for the forwards (no-op for the hf engine)
     total, done = sum(len(c) for _, c in answered), 0
-    with packed_linears(model):  # the scoring forwards on oneDNN-packed weights (float32 CPU models)
+    with packed_linears(model, use="sequences"):  # scoring forwards on oneDNN-packed weights (float32 CPU)
         for domain, (prompts, completions) in zip(domains, answered):
             sums, tokens = dict.fromkeys(("kl", "js", "entropy"), 0.0), 0
             for start in range(0, len(completions), ROWS_PER_FORWARD):

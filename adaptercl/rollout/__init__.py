@@ -9,7 +9,8 @@ rollout-mismatch ratio share (`truncation.py`); vLLM's settings and limits, torc
 colocated engine takes of the card (`vllm_memory.py`) and which model families it cannot serve with LoRA
 (`vllm_lora_support.py`); `rollout.engine: auto` decided (`engine_choice.py`); `rollout.dtype`, the hf engine's
 rollout precision on a CPU, and the run's record of its CPU paths (`precision.py`); the linear weights packed for
-oneDNN in the hf engine's decode, the scoring forwards and a training stage's frozen base (`packed_weights.py`);
+oneDNN in the hf engine's decode, the scoring forwards and a training stage's frozen base (`packed_weights.py`),
+where this CPU's measurement says they pay (`packed_choice.py`);
 and the run's engine, built once from the recipe (`engines.py`: `Engines`), vLLM guarded so that a failure under
 auto goes on with transformers and a named one stops in one line (`fallback.py`).
 """
@@ -38,6 +39,7 @@ _EXPORTS = {
     "packed_base_linears": "packed_weights",
     "packed_linears": "packed_weights",
     "check_rollout_dtype": "precision",
+    "check_packed_setting": "packed_choice",
     "cpu_paths": "precision",
     "rollout_dtype": "precision",
     "kept_log_mass": "truncation",

@@ -63,7 +63,7 @@ class Engines:
     def cpu_paths(self, model: torch.nn.Module) -> dict[str, Any]:
         """What the run computes with on the CPU, for its record (`rollout.precision.cpu_paths`); the rollout dtype
         is the hf engine's (None for a vLLM engine)."""
-        return cpu_paths(rollout_dtype(self.rollout.dtype, model) if self.kind.home is None else None)
+        return cpu_paths(rollout_dtype(self.rollout.dtype, model) if self.kind.home is None else None, model)
 
     def _hf(self, model: torch.nn.Module) -> HFEngine:
         return HFEngine(

@@ -81,7 +81,7 @@ class HFEngine:
                 if reduced:  # an unfolded LoRA's own A and B stay float32
                     packed = packed_linears(self.model, self.dtype, keep_float32=lora_factor_layers(self.model))
                 else:
-                    packed = packed_linears(self.model)
+                    packed = packed_linears(self.model, use="decode")
                 with folded, packed:
                     for start in range(0, len(expanded), self.batch_size):
                         first = params.first_row + start

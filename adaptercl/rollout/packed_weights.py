@@ -52,6 +52,8 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 import torch.nn.functional as F
 
+from adaptercl.rollout.packed_choice import Use, packs_pay
+
 PACK_ROWS = 8  # the batch size oneDNN's layout is chosen for; any row count runs on it (tested 1-800)
 LOG = logging.getLogger(__name__)
 
@@ -150,6 +152,18 @@ class _Pack:
         return self.ops._linear_pointwise(grad.contiguous(), self.transposed, None, "none", [], "")
 
 
+class _Aside:
+    """An entry of `_PackedForward.packs` that is never current: the layer runs its own forward while it is last."""
+
+    dtype = None
+
+    def current(self, linear: torch.nn.Linear) -> bool:
+        return False
+
+
+_ASIDE = _Aside()
+
+
 class _PackedProduct(torch.autograd.Function):
     """y = x W^T + b on a float32 pack of a frozen layer; backward gives x its gradient, grad @ W, on the packed W^T
     (W and b train nothing: the caller checks that neither requires a gradient)."""
@@ -193,16 +207,28 @@ def packed_linears(
     dtype: torch.dtype = torch.float32,
     keep_float32: frozenset[int] = frozenset(),
     exclude: frozenset[int] = frozenset(),
+    use: Use | None = None,
 ) -> Iterator[int]:
     """Run the block with every packable linear layer of `model` (but those whose `id` is in `exclude`) on a
     oneDNN-packed copy of its weight in `dtype` (float32 or bfloat16; layers whose `id` is in `keep_float32` in
     float32). With autograd on, a float32 pack of a layer whose weight and bias train nothing runs forward and the
     input's gradient on oneDNN too; any other layer runs its own `forward`. A layer whose weight was replaced or
     written in place since it was packed runs its own `forward` as well. Inside another block, a layer whose outer
-    pack is current and of `dtype` uses it; the others are packed for this block, each at its first product. Yields
-    how many layers this block gave a pack of its own (0 where the ops do not run here)."""
+    pack is current and of `dtype` uses it; the others are packed for this block, each at its first product. `use`
+    ("decode" or "sequences") asks this CPU's measured answer first (`packed_choice.packs_pay`; None: pack): where
+    the packs do not pay for a float32 block, every layer runs its own forward for its length, an enclosing block's
+    packs set aside. Yields how many layers this block gave a pack of its own (0 where the ops do not run here)."""
     pushed: list[_PackedForward] = []
     try:
+        chosen = use is not None and dtype == torch.float32 and torch.backends.mkldnn.enabled
+        if chosen and any(packable(module) for module in model.modules()) and not packs_pay(use):
+            for module in model.modules():  # plain products: the enclosing blocks' packs step aside
+                installed = module.__dict__.get("forward")
+                if isinstance(installed, _PackedForward):
+                    installed.packs.append(_ASIDE)
+                    pushed.append(installed)
+            yield 0
+            return
         refused = None  # the first dtype the block needs whose packed path does not run here
         if torch.backends.mkldnn.enabled:  # False: the user turned oneDNN off, nothing to say
             refused = next((d for d in (torch.float32, dtype) if onednn_refusal(d) is not None), None)
@@ -236,11 +262,12 @@ def packed_linears(
 
 def packed_base_linears(model: torch.nn.Module) -> AbstractContextManager[int]:
     """`packed_linears` over the frozen base's linear layers (every packable layer but the LoRA factors, which train or
-    follow the student), for a whole training stage: packed once, their forward products, the input gradients through
-    them and every no-grad forward of the stage (the teacher's, the rollouts' unfolded layers) run on oneDNN."""
+    follow the student), for a whole training stage, where the packs pay for whole sequences on this CPU
+    (`packed_choice`): packed once, their forward products, the input gradients through them and every no-grad
+    forward of the stage (the teacher's, the rollouts' unfolded layers) run on oneDNN."""
     from adaptercl.rollout.folded_lora import lora_factor_layers
 
-    return packed_linears(model, exclude=lora_factor_layers(model))
+    return packed_linears(model, exclude=lora_factor_layers(model), use="sequences")
 
 
 def _name(dtype: torch.dtype) -> str:

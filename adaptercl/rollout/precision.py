@@ -4,7 +4,7 @@ cpu_paths.jsonl, one line per start of the run).
 
     check_rollout_dtype(recipe)           # preflight, torch-free: bfloat16 on a CPU without bf16 units is one line
     dtype = rollout_dtype("auto", model)  # torch.bfloat16 or torch.float32 for `HFEngine(dtype=...)`
-    record = cpu_paths(dtype)             # MKL's branch, the packed-weight path per dtype, the rollout dtype
+    record = cpu_paths(dtype, model)      # MKL's branch, the packed-weight path and its choice, the dtype
 
 `float32` (the default) samples from the trainer's own weights: exactly on-policy. `bfloat16` samples from bf16 copies
 of the linear weights, packed for oneDNN (`packed_weights.py`), the LoRA folded in first in float32 (`fold_lora`);
@@ -73,13 +73,16 @@ def rollout_dtype(setting: str, model: torch.nn.Module) -> torch.dtype:
     return torch.bfloat16 if fits and bf16_matmul_available() and onednn_available(torch.bfloat16) else torch.float32
 
 
-def cpu_paths(rollout: torch.dtype | None) -> dict[str, Any]:
+def cpu_paths(rollout: torch.dtype | None, model: torch.nn.Module | None = None) -> dict[str, Any]:
     """What this process computes with on the CPU, for the run's record: MKL's branch (`cpu_kernels.decision`), the
-    packed-weight path per dtype ("on", or why not), what the training stage's frozen-base products run on
-    (`packed_weights.packed_base_linears`) and the rollouts' dtype (None: not the hf engine)."""
+    packed-weight path per dtype ("on", or why not), for a `model` with float32 CPU layers whether the packs pay on
+    this CPU for the decode and for whole sequences (`packed_choice.decision`, measured once per CPU), what the
+    training stage's frozen-base products and the float32 decode run on, and the rollouts' dtype (None: not the hf
+    engine)."""
     import torch
 
-    from adaptercl.rollout.packed_weights import onednn_available, onednn_refusal
+    from adaptercl.rollout import packed_choice
+    from adaptercl.rollout.packed_weights import onednn_available, onednn_refusal, packable
     from adaptercl.system import cpu_kernels
 
     def packed(dtype: torch.dtype) -> str:
@@ -88,9 +91,19 @@ def cpu_paths(rollout: torch.dtype | None) -> dict[str, Any]:
         return "on" if onednn_available(dtype) else f"off: {onednn_refusal(dtype)}"
 
     float32 = packed(torch.float32)
+    cpu_layers = model is not None and any(packable(module) for module in model.modules())
+    chosen = {use: packed_choice.decision(use) for use in packed_choice.USES} if float32 == "on" and cpu_layers else {}
+
+    def products(use: str) -> str:
+        if use not in chosen:
+            return "F.linear (MKL)" if float32 != "on" else "no float32 CPU layer"
+        return "oneDNN, packed" if chosen[use]["packed"] else "F.linear (MKL): the packs do not pay on this CPU"
+
     return {
         "mkl": cpu_kernels.decision(),
         "packed_weights": {"float32": float32, "bfloat16": packed(torch.bfloat16)},
-        "training_base_products": "oneDNN, packed" if float32 == "on" else "F.linear (MKL)",
+        "packed_choice": chosen,
+        "training_base_products": products("sequences"),
+        "decode_products": products("decode"),
         "rollout_dtype": None if rollout is None else str(rollout).removeprefix("torch."),
     }

@@ -152,7 +152,7 @@ def stage_kl(
     with isolated(model):
         completions = [g[0] for g in engine.generate(prompts, before or None, params)]
         engine.sleep()  # a colocated vLLM frees the card for the forwards (no-op for the hf engine)
-        with packed_linears(model):  # the scoring forwards on oneDNN-packed weights (float32 CPU models)
+        with packed_linears(model, use="sequences"):  # scoring forwards on oneDNN-packed weights (float32 CPU)
             for start in range(0, len(completions), ROWS_PER_FORWARD):
                 chunk = completions[start : start + ROWS_PER_FORWARD]
                 prompt_ids, response_ids = [c.prompt_ids for c in chunk], [c.token_ids for c in chunk]

@@ -12,7 +12,8 @@ checks what a recipe says; this checks it against this machine, each problem one
 - a set `rollout.max_lora_rank` holds the largest combined adapter the recipe serves (`rollout.served_lora_rank`;
   whatever the engine: `auto` may pick vLLM elsewhere);
 - `rollout.dtype: bfloat16` where the hf engine rolls out on the CPU: the CPU has bf16 matrix units
-  (`rollout.precision.check_rollout_dtype`, from /proc/cpuinfo);
+  (`rollout.precision.check_rollout_dtype`, from /proc/cpuinfo); `ADAPTERCL_PACKED_WEIGHTS`, where set, is on or
+  off (`rollout.packed_choice.check_packed_setting`);
 - `rollout.engine: vllm` has vLLM installed (`vllm_server` needs none here; `auto` needs none: the callers resolve
   it first, `rollout.engine_choice.resolve_engine`, and it falls back to transformers);
 - `rollout.engine: vllm_server` (with `contact_server`, as the run and `adaptercl eval` call it): the server at
@@ -35,13 +36,14 @@ prints after "ok": per domain, how a sample is judged correct (the accuracy matr
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from adaptercl.domains import BUILTINS, FORMATS, check_domain, check_domain_data, load_trl_rewards
 from adaptercl.measure import require_trackers
 from adaptercl.model import check_lora_layers, read_model_config
 from adaptercl.recipe import ENGINES, METHODS, DomainConfig, RecipeConfig, RecipeError, RolloutServerConfig
-from adaptercl.rollout import check_rollout_dtype, require_vllm, served_lora_rank
+from adaptercl.rollout import check_packed_setting, check_rollout_dtype, require_vllm, served_lora_rank
 from adaptercl.run_dir import before_source
 from adaptercl.system import distributed
 
@@ -60,6 +62,7 @@ def preflight(recipe: RecipeConfig, contact_server: bool = True) -> list[str]:
     if recipe.stages[0].rollout.max_lora_rank is not None:  # set: it must hold the recipe's adapters, any engine
         served_lora_rank(recipe)
     check_rollout_dtype(recipe)
+    check_packed_setting(os.environ)
     if engine is not None and engine.needs_local_vllm:
         require_vllm()
     if recipe.eval.lm_eval.tasks:  # lm-eval's task index: a mistyped task fails here, not after stage 1

@@ -99,10 +99,11 @@ def bf16_matmul_available() -> bool:
         return False
 
 
-def cache_key(cpuinfo: str, torch_version: str) -> str:
-    """This CPU (model name and flags) and torch's version, hashed: a choice measured for them holds for them."""
+def cache_key(cpuinfo: str, torch_version: str, *more: Any) -> str:
+    """This CPU (model name and flags), torch's version and anything else a choice depends on (`more`: JSON values),
+    hashed: a choice measured for them holds for them."""
     cpu = cpu_fields(cpuinfo)
-    text = json.dumps([cpu["model"], sorted(cpu["flags"]), torch_version])
+    text = json.dumps([cpu["model"], sorted(cpu["flags"]), torch_version, *more])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -167,7 +168,7 @@ def choose_mkl_branch(
     if "avx512f" not in cpu["flags"]:
         return {"mkl_cbwr": None, "source": "MKL's own: no AVX-512, nothing to choose", "cpu": cpu["model"]}
     path = cache / f"{cache_key(cpuinfo, torch_version)}.json"
-    record = _read(path)
+    record = read_choice(path, "branch")
     if record is None:
         if int(environ.get("WORLD_SIZE", "1")) > 1:
             return {"mkl_cbwr": None, "source": "MKL's own: not measured under a multi-process launcher"}
@@ -176,7 +177,7 @@ def choose_mkl_branch(
         except Exception as err:  # noqa: BLE001 - a measurement that fails leaves MKL's own choice, said
             measurement = {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"}
         record = {"cpu": cpu["model"], "torch": torch_version, "branch": branch_from(measurement), **measurement}
-        _write(path, record)
+        write_choice(path, record)
         source = "measured now"
     else:
         source = f"measured earlier ({path})"
@@ -231,15 +232,17 @@ def _ready(child: subprocess.Popen, timeout_s: float) -> str | None:
     raise RuntimeError(f"the MKL probe exited ({child.wait()}) before it was ready (within {timeout_s:.0f} s?)")
 
 
-def _read(path: Path) -> dict[str, Any] | None:
+def read_choice(path: Path, field: str) -> dict[str, Any] | None:
+    """A cached choice (a JSON object with `field`), or None: absent or damaged, to be measured again."""
     try:
         record = json.loads(path.read_text())
-    except (OSError, ValueError):  # absent, or damaged: measured again
+    except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and "branch" in record else None
+    return record if isinstance(record, dict) and field in record else None
 
 
-def _write(path: Path, record: dict[str, Any]) -> None:
+def write_choice(path: Path, record: dict[str, Any]) -> None:
+    """Cache a choice; a read-only cache keeps nothing (measured again next time)."""
     from adaptercl.system.atomic import write_json  # only when a measurement is new: atomic imports the grammar
 
     try:

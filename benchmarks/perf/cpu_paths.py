@@ -15,6 +15,9 @@ reports the median of the per-round paired ratios to the reference. Parts (`--pa
   forward and the input's gradient (`y = layer(x); y.backward(g)`, `--prompts x --group x --tokens` rows), as
   `plain` (F.linear: MKL's sgemm) and `packed` (inside `packed_linears`: what `run_stage` runs since issue 46, the
   packing itself outside the timing, as a stage packs once). Reference: plain.
+- `choice`: the measurement a run makes to decide whether the packs pay here (`rollout/packed_choice.measure`, for
+  the decode's 8-row products and for whole sequences' forward and input gradient, `--rounds` turns) and what it
+  chooses, at one thread and at two.
 - `mismatch`: the rollouts of the quickstart's first `--steps` steps (its arithmetic prompts, 4 x 6 rows, 24 tokens,
   T 1) sampled on bf16 weights, their sampler logprobs against the trainer's float32 ones (`hf.response_logprobs`,
   what the trainer computes): mean |log ratio| per token and the spread of the rollout IS weight the trainer applies,
@@ -220,6 +223,31 @@ def run_mismatch(args: argparse.Namespace, model, tokenizer, steps) -> dict[str,
     }
 
 
+def run_choice(args: argparse.Namespace) -> dict[str, Any]:
+    """Per thread count (1, 2) and use: `packed_choice.measure`'s ratio and whether it keeps the packs."""
+    import torch
+
+    from adaptercl.rollout import packed_choice
+
+    out: dict[str, Any] = {}
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            uses: dict[str, Any] = {}
+            for use in packed_choice.USES:
+                measured = packed_choice.measure(use, args.rounds)
+                uses[use] = {
+                    "ratio": measured["ratio"],
+                    "packed": packed_choice.pays_from(measured),
+                    "seconds": {path: spread(t) for path, t in measured["seconds"].items()},
+                }
+            out[f"{count} thread" + ("s" if count > 1 else "")] = uses
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
 def markdown(result: dict[str, Any]) -> str:
     cpu = result["cpu"]
     out = [f"### CPU paths on {cpu['model']} ({', '.join(cpu['flags'])}; torch {cpu['torch_cpu_capability']})\n"]
@@ -251,6 +279,15 @@ def markdown(result: dict[str, Any]) -> str:
         out.append(
             markdown_table(["layer [out, in]", "plain ms", "packed ms", "paired ratio packed / plain"], rows) + "\n"
         )
+    if "choice" in result:
+        rows = [
+            [threads, use, f"{r['seconds']['plain']['median'] * 1000:.2f}",
+             f"{r['seconds']['packed']['median'] * 1000:.2f}", f"{r['ratio']:.3f}",
+             "packed" if r["packed"] else "plain"]
+            for threads, uses in result["choice"].items() for use, r in uses.items()
+        ]  # fmt: skip
+        out.append("The packs' measured choice (`rollout/packed_choice.py`), a turn's products:\n")
+        out.append(markdown_table(["threads", "use", "plain ms", "packed ms", "paired ratio", "chosen"], rows) + "\n")
     if "mismatch" in result:
         m = result["mismatch"]
         w = m["is_weight"]
@@ -265,7 +302,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["all", "mkl", "decode", "train", "mismatch"], default="all")
+    parser.add_argument("--part", choices=["all", "mkl", "decode", "train", "choice", "mismatch"], default="all")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--adapter", default=None, help="a trained adapter folder (default: a fresh one, B = 0)")
     parser.add_argument("--prompts", type=int, default=4, help="prompts per step (the quickstart's 4)")
@@ -287,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         result["mkl"] = measure_mkl_branches(rounds=args.rounds)
     if args.part in ("all", "train"):
         result["train"] = run_train(args)
-    if args.part not in ("mkl", "train"):
+    if args.part in ("all", "choice"):
+        result["choice"] = run_choice(args)
+    if args.part not in ("mkl", "train", "choice"):
         model, tokenizer, steps = quickstart_setup(args)
         if args.part in ("all", "decode"):
             result["decode"] = run_decode(args, model, tokenizer, steps)

@@ -8,9 +8,11 @@ the numeric path this process takes: the quickstart samples its rollouts, so flo
 CPUs' kernels can change a sampled token and with it the run (results.md: the same revision gives mcq 0.300 on an
 AVX512-BF16 CPU, 0.267 as an AVX2 CPU computes). Where torch's CPU capability is AVX2 (an AVX2-only CPU, or any x86
 CPU under `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2`, as CI runs it) the result is
-summary-avx2.json, elsewhere summary.json. A change that moves the quickstart's learning fails here until the
-committed file is regenerated (`--update` writes it from the run) and results.md says why it moved. Prints the wall
-time of the run it made (a figure, never a pass/fail criterion: machines differ).
+summary-avx2.json, elsewhere summary.json. Both were computed on the packed linear weights, so the run it makes
+takes them (`ADAPTERCL_PACKED_WEIGHTS=on`) whatever this CPU's measurement would choose (`rollout/packed_choice.py`:
+a CPU where they do not pay computes in another summation order). A change that moves the quickstart's learning
+fails here until the committed file is regenerated (`--update` writes it from the run) and results.md says why it
+moved. Prints the wall time of the run it made (a figure, never a pass/fail criterion: machines differ).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def committed_file() -> Path:
 
 def run_quickstart(out: Path) -> float:
     """`adaptercl recipe run recipes/quickstart.yaml output_dir=OUT` as a user runs it; its wall time in seconds."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ADAPTERCL_PACKED_WEIGHTS": "on"}  # the committed results' path
     cmd = [sys.executable, "-m", "adaptercl.cli", "recipe", "run", str(REPO / "recipes" / "quickstart.yaml")]
     start = time.perf_counter()
     subprocess.run([*cmd, f"output_dir={out}"], check=True, env=env, cwd=REPO)

@@ -32,3 +32,27 @@ def test_train_part_times_the_packed_product_and_the_plain_one(monkeypatch):
     for record in result["shapes"].values():
         assert [record["seconds"][v]["n"] for v in ("plain", "packed")] == [rounds, rounds]
         assert math.isfinite(record["paired_ratio_packed_to_plain"]) and record["paired_ratio_packed_to_plain"] > 0
+
+
+def test_choice_part_reports_the_runs_measurement_and_its_choice_per_thread_count(monkeypatch):
+    """`--part choice` times `packed_choice.measure` (the packed path, counted) at one and two threads, gives each
+    use's ratio and the choice `pays_from` makes of it, and puts torch's thread count back."""
+    if not pw.onednn_available():
+        pytest.skip("this torch has no oneDNN packed-linear ops")
+    import torch
+
+    from adaptercl.rollout import packed_choice
+
+    calls = counting_packs(monkeypatch)
+    monkeypatch.setattr(packed_choice, "REPEATS", {"decode": 1, "sequences": 1})
+    threads = torch.get_num_threads()
+    result = cpu_paths.run_choice(argparse.Namespace(rounds=1))
+    assert torch.get_num_threads() == threads and list(result) == ["1 thread", "2 threads"]
+    assert calls["product"] == 2 * 2 * 2 * 2  # thread counts x uses x shapes x (warm-up + one turn)
+    for uses in result.values():
+        assert list(uses) == ["decode", "sequences"]
+        for record in uses.values():
+            assert record["packed"] == packed_choice.pays_from(record) and record["ratio"] > 0
+    assert "| 2 threads | sequences |" in cpu_paths.markdown(
+        {"cpu": {"model": "m", "flags": [], "torch_cpu_capability": "AVX512"}, "choice": result}
+    )

@@ -178,6 +178,9 @@ def test_a_run_records_what_it_computed_with(tmp_path):
     assert record["packed_weights"]["bfloat16"] == on
     on32 = packed_weights.onednn_available(torch.float32)
     assert record["training_base_products"] == ("oneDNN, packed" if on32 else "F.linear (MKL)")
+    assert record["decode_products"] == record["training_base_products"]  # the suite sets the packs (conftest.py)
+    set_by = {"packed": True, "source": "set by ADAPTERCL_PACKED_WEIGHTS"}
+    assert record["packed_choice"] == ({"decode": set_by, "sequences": set_by} if on32 else {})
     expected = "bfloat16" if cpu_kernels.bf16_matmul_available() and on == "on" else "float32"
     assert record["rollout_dtype"] == expected
     steps = [
