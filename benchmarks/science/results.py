@@ -61,6 +61,7 @@ def write_results(
     lift_rows = teacher_lift_table(trained_runs)
     data = {
         "meta": {
+            "sequence": (setting.get("sequence") or {}).get("name"),  # the collection's sequence (None: base.yaml's)
             "setting": setting,
             "methods": {m: methods[m] for m in runs if m in methods},
             "bootstrap_resamples": resamples,

@@ -173,8 +173,10 @@ def test_write_results_files(runs, tmp_path):
     records, _ = collect.collect_runs(runs, ["grpo", "sdpo", "hybrid"], [0, 1])
     out = tmp_path / "out"
     setting = {"base": "benchmarks/science/base.yaml", "overrides": ["optim.steps=2"], "runs_dir": str(runs)}
+    setting["sequence"] = {"name": "calc_hash-calc_says", "stages": [["calc_hash", 2], ["calc_says", 2]]}
     results.write_results(records, out, setting, science_run.METHODS, science_run.SDPO_VARIANTS, resamples=50)
     data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["sequence"] == "calc_hash-calc_says"  # issue 43: each collection names its sequence
     assert data["summary"]["grpo"]["figures"]["forgetting"]["mean"] == pytest.approx(0.3)
     assert data["meta"]["setting"]["overrides"] == ["optim.steps=2"] and "correct" not in data["runs"][0]
     md = (out / "results.md").read_text()
