@@ -51,7 +51,15 @@ SETTINGS = {"on": True, "off": False}
 def measure(use: Use, rounds: int = ROUNDS) -> dict[str, Any]:
     """Time `use`'s products on SHAPES, plain (`F.linear`) and packed (`packed_linears`), taking turns in
     this process with its threads. Returns {"seconds": {"plain": [per turn], "packed": [...]}, "ratio": the median of
-    packed / plain over turns}."""
+    packed / plain over turns}. Outside whatever block the caller is in (a process's first block may be opened under
+    no_grad, CPU autocast or inference mode, where the packs would not run)."""
+    import torch
+
+    with torch.inference_mode(False), torch.autocast("cpu", enabled=False):
+        return _timed(use, rounds)
+
+
+def _timed(use: Use, rounds: int) -> dict[str, Any]:
     import torch
 
     from adaptercl.rollout.packed_weights import packed_linears
