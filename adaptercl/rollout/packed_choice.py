@@ -7,17 +7,17 @@ the vendor, and cached, for each of the two ways adaptercl multiplies by them.
   `packed_base_linears`; the scoring forwards of the evaluation and the diagnostics are its forward half).
 
 Measured on AMD EPYC (Zen 4 and 5), where MKL computes on its AVX2 branch whatever the CPU has and oneDNN on AVX-512,
-the packed path is 2-2.4x faster in both (`benchmarks/perf/README.md`); on a CPU whose MKL runs at the CPU's full
-width (Intel's, with AVX-512) the many-row products may be as fast plain. So: at the first float32 block of a use in
-a process, `packs_pay(use)` looks this CPU's answer up in adaptercl's cache (`$ADAPTERCL_CACHE`, default
-~/.cache/adaptercl, `cpu-kernels/packed-<use>-<key>.json`, keyed by the CPU's model name and flags, torch's version,
-torch's thread count, torch's CPU capability, and `ONEDNN_MAX_CPU_ISA` and `MKL_CBWR` as set: each changes the
-kernels) and, without one, measures (`measure`, 0.1-1 s): SmolLM2-135M's MLP shapes ([1536, 576] and [576, 1536]),
-plain and packed taking turns (A B, B A), the median of the paired ratios packed / plain. The plain path is chosen
-only when the packs are slower by more than `MARGIN` (the paired ratios of a quiet core spread ~1-2 %): a tie keeps
-the packs, the path every committed result was computed on. A process under a multi-process launcher (`WORLD_SIZE` >
-1) only reads the cache (ranks measuring at once would disturb each other), else keeps the packs; a measurement that
-fails keeps them too, and says why in the record.
+the packed path is 2.2-2.6x faster in both (a Zen 4 EPYC at 1 and 2 threads, `benchmarks/perf/cpu_paths.py --part
+choice`); on a CPU whose MKL runs at the CPU's full width (Intel's, with AVX-512) the many-row products may be as fast
+plain. So: at the first float32 block of a use in a process, `packs_pay(use)` looks this CPU's answer up in adaptercl's
+cache (`$ADAPTERCL_CACHE`, default ~/.cache/adaptercl, `cpu-kernels/packed-<use>-<key>.json`, keyed by the CPU's model
+name and flags, torch's version, torch's thread count, torch's CPU capability, and `ONEDNN_MAX_CPU_ISA` and `MKL_CBWR`
+as set: each changes the kernels) and, without one, measures (`measure`, 0.1 s for the decode, 0.35 s for sequences on
+that EPYC): SmolLM2-135M's MLP shapes ([1536, 576] and [576, 1536]), plain and packed taking turns (A B, B A), the
+median of the paired ratios packed / plain. The plain path is chosen only when the packs are slower by more than
+`MARGIN` (the paired ratios of a quiet core spread ~1-2 %): a tie keeps the packs, the path every committed result was
+computed on. A process under a multi-process launcher (`WORLD_SIZE` > 1) only reads the cache (ranks measuring at once
+would disturb each other), else keeps the packs; a measurement that fails keeps them too, and says why in the record.
 
 The two paths compute the same products, in a different float32 summation order (`packed_weights.py`): a run's
 numbers depend on the path as they depend on the CPU, so the path is recorded in the run's cpu_paths.jsonl
