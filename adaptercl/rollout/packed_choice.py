@@ -123,7 +123,7 @@ def choose(
     """The decision for `use`: {"packed": bool, "source": why, and what was measured}. The order: `ENV` as set; this
     CPU's cached answer (`cache`/packed-<use>-<key>.json); under a launcher, the packs; else `measure_now()`,
     cached."""
-    from adaptercl.system.cpu_kernels import read_choice, write_choice
+    from adaptercl.system import read_choice, write_choice
 
     check_packed_setting(environ)
     if ENV in environ:
@@ -163,7 +163,7 @@ def kernel_key() -> str:
 @functools.cache
 def _cpuinfo() -> str:
     """/proc/cpuinfo's text, read once ("" where there is none: the rest of the key still holds)."""
-    from adaptercl.system.cpu_kernels import CPUINFO
+    from adaptercl.system import CPUINFO
 
     try:
         return CPUINFO.read_text()
@@ -179,9 +179,10 @@ def _decision(use: Use, setting: str | None, world_size: str | None, key: str, c
 
 def decision(use: Use) -> dict[str, Any]:
     """This process's decision for `use` (module docstring), made once per setting of `ENV`, kernels and cache."""
-    from adaptercl.system.cpu_kernels import cache_dir
+    from adaptercl.system import cpu_kernels
 
-    return dict(_decision(use, os.environ.get(ENV), os.environ.get("WORLD_SIZE"), kernel_key(), cache_dir()))
+    cache = cpu_kernels.cache_dir()
+    return dict(_decision(use, os.environ.get(ENV), os.environ.get("WORLD_SIZE"), kernel_key(), cache))
 
 
 def packs_pay(use: Use) -> bool:

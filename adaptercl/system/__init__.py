@@ -3,8 +3,9 @@ reader of the records written so (`atomic.py`: `read_record`, a record that does
 the data-parallel process group and its few collectives (`distributed.py`, used whole as a namespace), one line
 saying why a hub model, dataset or URL could not be had (`offline.py`), and the libraries' notices a user can do
 nothing about, silenced one message at a time (`library_notices.py`); the run's named phases, for whoever watches
-them (`phases.py`: the rehearsal); the CPU's kernels: MKL's code path chosen by measurement and the CPU's bf16 matrix
-units (`cpu_kernels.py`). Above the grammar only for `RecipeError`.
+them (`phases.py`: the rehearsal); the CPU's kernels: MKL's code path chosen by measurement, the cache of such
+choices per CPU (`read_choice`, `write_choice`) and the CPU's bf16 matrix units (`cpu_kernels.py`). Above the
+grammar only for `RecipeError`.
 """
 
 from importlib import import_module
@@ -27,6 +28,8 @@ _EXPORTS = {
     "cpu_fields": "cpu_kernels",
     "cpu_kernels": "cpu_kernels",
     "prefer_fast_mkl_path": "cpu_kernels",
+    "read_choice": "cpu_kernels",
+    "write_choice": "cpu_kernels",
     "RankLost": "distributed",
     "World": "distributed",
     "distributed": "distributed",
