@@ -90,9 +90,9 @@ def test_the_key_follows_the_threads_and_the_isa_settings(monkeypatch):
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     threads = torch.get_num_threads()
     # the count torch reports (not set_num_threads: an in-process vLLM test earlier in the suite can pin OpenMP's)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads + 1)
-    more_threads = pc.kernel_key()
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:
+        patch.setattr(torch, "get_num_threads", lambda: threads + 1)
+        more_threads = pc.kernel_key()
     assert len({key, capped, more_threads}) == 3 and pc.kernel_key() == key
 
 
