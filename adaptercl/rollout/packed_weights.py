@@ -33,6 +33,10 @@ the tensor it was packed from, unwritten: a weight replaced (`folded_lora` swaps
 anew for its own length, while layers whose outer pack is current use it (the rollouts inside a stage pack only the
 folded layers).
 
+Where the packs pay is measured per CPU, not assumed (`packed_choice.py`): a block that names its `use` (the
+decode's, or whole sequences' for the stage and the scoring forwards) packs only where this CPU's answer says so, and
+otherwise runs every layer's own forward, an enclosing block's packs set aside for its length.
+
 The ops are private to PyTorch and can change or vanish in a release, so they are probed once per dtype
 (`onednn_refusal`: a small `nn.Linear` against `F.linear`, inside try/except); when they are missing, fail, change
 signature or disagree, the block runs every layer's own forward and one line is logged, once per dtype, by the first
