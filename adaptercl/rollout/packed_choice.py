@@ -52,10 +52,12 @@ def measure(use: Use, rounds: int = ROUNDS) -> dict[str, Any]:
     """Time `use`'s products on SHAPES, plain (`F.linear`) and packed (`packed_linears`), taking turns in
     this process with its threads. Returns {"seconds": {"plain": [per turn], "packed": [...]}, "ratio": the median of
     packed / plain over turns}. Outside whatever block the caller is in (a process's first block may be opened under
-    no_grad, CPU autocast or inference mode, where the packs would not run)."""
+    no_grad, CPU autocast or inference mode, where the packs would not run), and with torch's global random state
+    put back after (building the layers draws from it: a run that measures must draw what one that reads the cache
+    draws)."""
     import torch
 
-    with torch.inference_mode(False), torch.autocast("cpu", enabled=False):
+    with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.autocast("cpu", enabled=False):
         return _timed(use, rounds)
 
 

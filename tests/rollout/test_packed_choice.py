@@ -99,10 +99,12 @@ def test_the_key_follows_the_threads_and_the_isa_settings(monkeypatch):
 @pytest.mark.parametrize("use", ["decode", "sequences"])
 def test_the_measurement_times_the_packed_path(monkeypatch, use):
     """Also when the first block that asks is opened under inference mode and CPU autocast (where the packs would
-    not run): the measurement steps out of both."""
+    not run): the measurement steps out of both; torch's global random state is as before it."""
     record = counting_packs(monkeypatch)
+    rng = torch.get_rng_state()
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         result = pc.measure(use, rounds=2)
+    assert torch.equal(torch.get_rng_state(), rng)  # a run that measures draws what one reading the cache draws
     assert all(len(seconds) == 2 and min(seconds) > 0 for seconds in result["seconds"].values())
     ratios = [p / q for p, q in zip(result["seconds"]["packed"], result["seconds"]["plain"])]
     assert result["ratio"] == pytest.approx(sum(ratios) / 2)  # the median of two
