@@ -29,6 +29,13 @@ NOT_COUNTED = {
     "KMP_DUPLICATE_LIB_OK": "scikit-learn sets it on import (threadpoolctl's workaround for two OpenMP runtimes)",
     "TORCHINDUCTOR_CACHE_DIR": "torch._inductor sets its cache folder when first imported",
     "LD_LIBRARY_PATH": "opencv (cv2, which transformers' image utilities import) prepends its library folder on import",
+    # `import vllm` sets these four (vllm/env_override.py); a test that imports TRL's trainers imports vLLM where it is
+    # installed, so in a shuffled order whichever such test comes first would be blamed
+    "PYTORCH_NVML_BASED_CUDA_CHECK": "vLLM sets it on import",
+    "TORCHINDUCTOR_COMPILE_THREADS": "vLLM sets it on import",
+    "TRITON_CACHE_AUTOTUNING": "vLLM sets it on import",
+    "TILELANG_CLEANUP_TEMP_FILES": "vLLM sets it on import",
+    "VLLM_LOGGING_LEVEL": "TRL sets it on import where vLLM is installed (trl/_compat.py)",
 }
 
 
