@@ -36,6 +36,7 @@ NOT_COUNTED = {
     "TRITON_CACHE_AUTOTUNING": "vLLM sets it on import",
     "TILELANG_CLEANUP_TEMP_FILES": "vLLM sets it on import",
     "VLLM_LOGGING_LEVEL": "TRL sets it on import where vLLM is installed (trl/_compat.py)",
+    "WANDB_SERVICE": "wandb sets it when its service process first starts, for the life of the process",
 }
 
 
