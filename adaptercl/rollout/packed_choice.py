@@ -9,15 +9,16 @@ the vendor, and cached, for each of the two ways adaptercl multiplies by them.
 Measured on AMD EPYC (Zen 4 and 5), where MKL computes on its AVX2 branch whatever the CPU has and oneDNN on AVX-512,
 the packed path is 2.2-2.6x faster in both (a Zen 4 EPYC at 1 and 2 threads, `benchmarks/perf/cpu_paths.py --part
 choice`); on a CPU whose MKL runs at the CPU's full width (Intel's, with AVX-512) the many-row products may be as fast
-plain. So: at the first float32 block of a use in a process, `packs_pay(use)` looks this CPU's answer up in adaptercl's
-cache (`$ADAPTERCL_CACHE`, default ~/.cache/adaptercl, `cpu-kernels/packed-<use>-<key>.json`, keyed by the CPU's model
-name and flags, torch's version, torch's thread count, torch's CPU capability, and `ONEDNN_MAX_CPU_ISA` and `MKL_CBWR`
-as set: each changes the kernels) and, without one, measures (`measure`, 0.1 s for the decode, 0.35 s for sequences on
-that EPYC): SmolLM2-135M's MLP shapes ([1536, 576] and [576, 1536]), plain and packed taking turns (A B, B A), the
-median of the paired ratios packed / plain. The plain path is chosen only when the packs are slower by more than
-`MARGIN` (the paired ratios of a quiet core spread ~1-2 %): a tie keeps the packs, the path every committed result was
-computed on. A process under a multi-process launcher (`WORLD_SIZE` > 1) only reads the cache (ranks measuring at once
-would disturb each other), else keeps the packs; a measurement that fails keeps them too, and says why in the record.
+plain. So: at the first float32 block of a use in a process, `packed_weights.packs_pay(use)` looks this CPU's answer up
+in adaptercl's cache (`$ADAPTERCL_CACHE`, default ~/.cache/adaptercl, `cpu-kernels/packed-<use>-<key>.json`, keyed by
+the CPU's model name and flags, torch's version, torch's thread count, torch's CPU capability, and `ONEDNN_MAX_CPU_ISA`
+and `MKL_CBWR` as set: each changes the kernels) and, without one, measures (`measure`, 0.1 s for the decode, 0.35 s
+for sequences on that EPYC): SmolLM2-135M's MLP shapes ([1536, 576] and [576, 1536]), plain and packed taking turns (A
+B, B A), the median of the paired ratios packed / plain. The plain path is chosen only when the packs are slower by
+more than `MARGIN` (the paired ratios of a quiet core spread ~1-2 %): a tie keeps the packs, the path every committed
+result was computed on. A process under a multi-process launcher (`WORLD_SIZE` > 1) only reads the cache (ranks
+measuring at once would disturb each other), else keeps the packs; a measurement that fails keeps them too, and says
+why in the record.
 
 The two paths compute the same products, in a different float32 summation order (`packed_weights.py`): a run's
 numbers depend on the path as they depend on the CPU, so the path is recorded in the run's cpu_paths.jsonl
@@ -33,6 +34,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,8 +50,11 @@ ENV = "ADAPTERCL_PACKED_WEIGHTS"
 SETTINGS = {"on": True, "off": False}
 
 
-def measure(use: Use, rounds: int = ROUNDS) -> dict[str, Any]:
-    """Time `use`'s products on SHAPES, plain (`F.linear`) and packed (`packed_linears`), taking turns in
+Block = Callable[..., AbstractContextManager[int]]  # packed_weights.packed_linears (handed in: it asks this module)
+
+
+def measure(use: Use, packed_linears: Block, rounds: int = ROUNDS) -> dict[str, Any]:
+    """Time `use`'s products on SHAPES, plain (`F.linear`) and packed (inside `packed_linears`), taking turns in
     this process with its threads. Returns {"seconds": {"plain": [per turn], "packed": [...]}, "ratio": the median of
     packed / plain over turns}. Outside whatever block the caller is in (a process's first block may be opened under
     no_grad, CPU autocast or inference mode, where the packs would not run), and with torch's global random state
@@ -58,13 +63,11 @@ def measure(use: Use, rounds: int = ROUNDS) -> dict[str, Any]:
     import torch
 
     with torch.random.fork_rng(devices=[]), torch.inference_mode(False), torch.autocast("cpu", enabled=False):
-        return _timed(use, rounds)
+        return _timed(use, packed_linears, rounds)
 
 
-def _timed(use: Use, rounds: int) -> dict[str, Any]:
+def _timed(use: Use, packed_linears: Block, rounds: int) -> dict[str, Any]:
     import torch
-
-    from adaptercl.rollout.packed_weights import packed_linears
 
     rows, gradient = USES[use]
     generator = torch.Generator().manual_seed(0)
@@ -174,19 +177,18 @@ def _cpuinfo() -> str:
 
 
 @functools.cache
-def _decision(use: Use, setting: str | None, world_size: str | None, key: str, cache: Path) -> dict[str, Any]:
+def _decision(
+    use: Use, packed_linears: Block, setting: str | None, world_size: str | None, key: str, cache: Path
+) -> dict[str, Any]:
     environ = {name: value for name, value in ((ENV, setting), ("WORLD_SIZE", world_size)) if value is not None}
-    return choose(use, environ, cache, key, lambda: measure(use))
+    return choose(use, environ, cache, key, lambda: measure(use, packed_linears))
 
 
-def decision(use: Use) -> dict[str, Any]:
-    """This process's decision for `use` (module docstring), made once per setting of `ENV`, kernels and cache."""
+def decision(use: Use, packed_linears: Block) -> dict[str, Any]:
+    """This process's decision for `use` (module docstring), made once per setting of `ENV`, kernels and cache;
+    `packed_linears` is the block a measurement times (`packed_weights.packed_linears`, which asks through
+    `packed_weights.packs_pay`)."""
     from adaptercl.system import cpu_kernels
 
     cache = cpu_kernels.cache_dir()
-    return dict(_decision(use, os.environ.get(ENV), os.environ.get("WORLD_SIZE"), kernel_key(), cache))
-
-
-def packs_pay(use: Use) -> bool:
-    """Whether `use`'s float32 products run on the packs in this process."""
-    return decision(use)["packed"]
+    return dict(_decision(use, packed_linears, os.environ.get(ENV), os.environ.get("WORLD_SIZE"), kernel_key(), cache))

@@ -56,7 +56,7 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 import torch.nn.functional as F
 
-from adaptercl.rollout.packed_choice import Use, packs_pay
+from adaptercl.rollout.packed_choice import Use, decision
 
 PACK_ROWS = 8  # the batch size oneDNN's layout is chosen for; any row count runs on it (tested 1-800)
 LOG = logging.getLogger(__name__)
@@ -219,7 +219,7 @@ def packed_linears(
     input's gradient on oneDNN too; any other layer runs its own `forward`. A layer whose weight was replaced or
     written in place since it was packed runs its own `forward` as well. Inside another block, a layer whose outer
     pack is current and of `dtype` uses it; the others are packed for this block, each at its first product. `use`
-    ("decode" or "sequences") asks this CPU's measured answer first (`packed_choice.packs_pay`; None: pack): where
+    ("decode" or "sequences") asks this CPU's measured answer first (`packs_pay`; None: pack): where
     the packs do not pay for a float32 block, every layer runs its own forward for its length, an enclosing block's
     packs set aside. Yields how many layers this block gave a pack of its own (0 where the ops do not run here)."""
     pushed: list[_PackedForward] = []
@@ -262,6 +262,12 @@ def packed_linears(
                     del module.forward  # the instance attribute: the class's forward again
                 else:
                     module.forward = installed.own
+
+
+def packs_pay(use: Use) -> bool:
+    """Whether `use`'s float32 products run on the packs in this process: this CPU's measured answer
+    (`packed_choice.decision`, a measurement timing `packed_linears`)."""
+    return decision(use, packed_linears)["packed"]
 
 
 def packed_base_linears(model: torch.nn.Module) -> AbstractContextManager[int]:

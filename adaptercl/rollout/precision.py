@@ -82,7 +82,7 @@ def cpu_paths(rollout: torch.dtype | None, model: torch.nn.Module | None = None)
     import torch
 
     from adaptercl.rollout import packed_choice
-    from adaptercl.rollout.packed_weights import onednn_available, onednn_refusal, packable
+    from adaptercl.rollout.packed_weights import onednn_available, onednn_refusal, packable, packed_linears
     from adaptercl.system import cpu_kernels
 
     def packed(dtype: torch.dtype) -> str:
@@ -92,7 +92,8 @@ def cpu_paths(rollout: torch.dtype | None, model: torch.nn.Module | None = None)
 
     float32 = packed(torch.float32)
     cpu_layers = model is not None and any(packable(module) for module in model.modules())
-    chosen = {use: packed_choice.decision(use) for use in packed_choice.USES} if float32 == "on" and cpu_layers else {}
+    measured = float32 == "on" and cpu_layers
+    chosen = {use: packed_choice.decision(use, packed_linears) for use in packed_choice.USES} if measured else {}
 
     def products(use: str) -> str:
         if use not in chosen:

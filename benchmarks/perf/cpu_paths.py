@@ -228,6 +228,7 @@ def run_choice(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from adaptercl.rollout import packed_choice
+    from adaptercl.rollout.packed_weights import packed_linears
 
     out: dict[str, Any] = {}
     threads = torch.get_num_threads()
@@ -236,7 +237,7 @@ def run_choice(args: argparse.Namespace) -> dict[str, Any]:
             torch.set_num_threads(count)
             uses: dict[str, Any] = {}
             for use in packed_choice.USES:
-                measured = packed_choice.measure(use, args.rounds)
+                measured = packed_choice.measure(use, packed_linears, args.rounds)
                 uses[use] = {
                     "ratio": measured["ratio"],
                     "packed": packed_choice.pays_from(measured),

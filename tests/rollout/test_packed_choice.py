@@ -103,7 +103,7 @@ def test_the_measurement_times_the_packed_path(monkeypatch, use):
     record = counting_packs(monkeypatch)
     rng = torch.get_rng_state()
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
-        result = pc.measure(use, rounds=2)
+        result = pc.measure(use, packed_linears, rounds=2)
     assert torch.equal(torch.get_rng_state(), rng)  # a run that measures draws what one reading the cache draws
     assert all(len(seconds) == 2 and min(seconds) > 0 for seconds in result["seconds"].values())
     ratios = [p / q for p, q in zip(result["seconds"]["packed"], result["seconds"]["plain"])]
