@@ -244,12 +244,38 @@ def direction(row: dict | None, raises: str, lowers: str) -> str:
     return raises if lo > 0 else lowers if hi < 0 else "undecided"
 
 
+def retention_md(data: dict) -> list[str]:
+    """Issue 43 item 1's figures per trained domain and averaged, for every method and reference: retention_ratio
+    (`retention_ratio c`) and gain_over_base (`gain_over_base c`), from the summary's bootstrap cells."""
+    first = data["runs"][0]
+    trained = [(c, first["domains"][c]) for c in first["trained_columns"]]
+    keys = [(f"{figure} {c}", f"{name}") for figure in ("retention_ratio", "gain_over_base") for c, name in trained]
+    head = [f"retention {name}" for _, name in trained] + ["retention (mean)"]
+    head += [f"gain {name}" for _, name in trained] + ["gain (mean)"]
+    L = ["## Retention and gain over base, per trained domain (issue 43 item 1; mean over seeds [95 %])", "",
+         "retention = a[T, c] / max(a[0, c], max over the stages from c's own on of a[k, c]): the final accuracy "
+         "relative to the best the domain reached from its own stage on or the base's own, whichever is higher (a "
+         "domain the base already answers counts as something an earlier stage can destroy); gain = a[T, c] − "
+         "a[0, c]. (mean): over the trained domains.", "",
+         "| method | seeds | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]  # fmt: skip
+    for method, s in data["summary"].items():
+        f = s["figures"]
+        cells = [f[k] for k, _ in keys[: len(trained)]] + [f["retention_ratio"]]
+        cells += [f[k] for k, _ in keys[len(trained) :]] + [f["gain_over_base"]]
+        text = [f"{c['mean']:.3f} [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]" if c.get("ci95") else f"{c['mean']:.3f}"
+                for c in cells]  # fmt: skip
+        L.append(f"| {method} | {len(s['seeds'])} | " + " | ".join(text) + " |")
+    return L + [""]
+
+
 def frontier_md(data: dict) -> list[str]:
-    """Issue 43's sections of results.md: the frontier, the references, the headline per method, the ablations."""
+    """Issue 43's sections of results.md: retention and gain over base, the frontier, the references, the headline
+    per method, the ablations."""
     h = data.get("frontier_headline")
     if not h:
         return []
-    L = ["## Issue 43: GRPO's frontier (its knob settings; stage_skip = GRPO stopped after stage 1)", ""]
+    L = retention_md(data)
+    L += ["## Issue 43: GRPO's frontier (its knob settings; stage_skip = GRPO stopped after stage 1)", ""]
     L += ["| setting | seeds | plasticity [95 %] | forgetting [95 %] | retention_ratio [95 %] | ACC [95 %] |"]
     L += ["|---|---|---|---|---|---|"]
     for p in data["frontier"]:

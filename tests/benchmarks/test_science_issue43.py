@@ -139,6 +139,20 @@ def test_results_carry_the_references_the_frontier_and_the_headline(collection, 
     hybrid_row = next(line for line in md.splitlines() if line.startswith("| hybrid | -0.100"))  # its cost
     assert "## Issue 43 headline" in md and "| -0.100 [" in hybrid_row  # and its forgetting gap
     assert "## The hybrid taken apart" in md
+    # item 1 per trained domain and averaged, by hand: hybrid a 0.6 / max(0.2, 0.7, 0.6), b 0.6 / max(0.3, 0.6);
+    # gain a 0.6 − 0.2, b 0.6 − 0.3; stage_skip a 0.8 / 0.8, b 0.3 / max(0.3, 0.3), gain 0.6 and 0.0
+    retention = md.split("## Retention and gain over base")[1].split("## ")[0]
+    assert (
+        "| method | seeds | retention a | retention b | retention (mean) | gain a | gain b | gain (mean) |"
+        in retention
+    )
+
+    def means(method):
+        row = next(line for line in retention.splitlines() if line.startswith(f"| {method} |"))
+        return [cell.split(" [")[0] for cell in row.strip("| ").split(" | ")[1:]]
+
+    assert means("hybrid") == ["2", "0.857", "1.000", "0.929", "0.400", "0.300", "0.350"]
+    assert means("stage_skip") == ["2", "1.000", "1.000", "1.000", "0.600", "0.000", "0.300"]
     runs_table = md.split("## Runs")[1]
     assert "| joint-s0 |" in runs_table and "stage_skip" not in runs_table and runs_table.count("| grpo-s0 |") == 1
     assert all(r["method"] not in ("base", "stage_skip", "joint") for r in data["headline"]["rows"])
