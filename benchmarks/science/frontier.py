@@ -244,14 +244,20 @@ def direction(row: dict | None, raises: str, lowers: str) -> str:
     return raises if lo > 0 else lowers if hi < 0 else "undecided"
 
 
+def _mean_ci(cell: dict) -> str:
+    """A bootstrap cell of the summary as `mean [lo, hi]`."""
+    return f"{cell['mean']:.3f} [{cell['ci95'][0]:.3f}, {cell['ci95'][1]:.3f}]"
+
+
 def retention_md(data: dict) -> list[str]:
     """Issue 43 item 1's figures per trained domain and averaged, for every method and reference: retention_ratio
-    (`retention_ratio c`) and gain_over_base (`gain_over_base c`), from the summary's bootstrap cells."""
+    (`retention_ratio c`, then the mean) and gain_over_base (likewise), from the summary's bootstrap cells."""
     first = data["runs"][0]
-    trained = [(c, first["domains"][c]) for c in first["trained_columns"]]
-    keys = [(f"{figure} {c}", f"{name}") for figure in ("retention_ratio", "gain_over_base") for c, name in trained]
-    head = [f"retention {name}" for _, name in trained] + ["retention (mean)"]
-    head += [f"gain {name}" for _, name in trained] + ["gain (mean)"]
+    columns = first["trained_columns"]
+    names = [*(first["domains"][c] for c in columns), "(mean)"]
+    figures = ("retention_ratio", "gain_over_base")
+    keys = [key for figure in figures for key in [*(f"{figure} {c}" for c in columns), figure]]
+    head = [f"{label} {name}" for label in ("retention", "gain") for name in names]
     L = ["## Retention and gain over base, per trained domain (issue 43 item 1; mean over seeds [95 %])", "",
          "retention = a[T, c] / max(a[0, c], max over the stages from c's own on of a[k, c]): the final accuracy "
          "relative to the best the domain reached from its own stage on or the base's own, whichever is higher (a "
@@ -260,10 +266,7 @@ def retention_md(data: dict) -> list[str]:
          "| method | seeds | " + " | ".join(head) + " |", "|---|---|" + "---|" * len(head)]  # fmt: skip
     for method, s in data["summary"].items():
         f = s["figures"]
-        cells = [f[k] for k, _ in keys[: len(trained)]] + [f["retention_ratio"]]
-        cells += [f[k] for k, _ in keys[len(trained) :]] + [f["gain_over_base"]]
-        text = [f"{c['mean']:.3f} [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]" if c.get("ci95") else f"{c['mean']:.3f}"
-                for c in cells]  # fmt: skip
+        text = [_mean_ci(f[k]) if f[k].get("ci95") else f"{f[k]['mean']:.3f}" for k in keys]
         L.append(f"| {method} | {len(s['seeds'])} | " + " | ".join(text) + " |")
     return L + [""]
 
@@ -280,8 +283,7 @@ def frontier_md(data: dict) -> list[str]:
     L += ["|---|---|---|---|---|---|"]
     for p in data["frontier"]:
         cells = " | ".join(
-            f"{p[k]['mean']:.3f} [{p[k]['ci95'][0]:.3f}, {p[k]['ci95'][1]:.3f}]" if p[k]["ci95"] else "–"
-            for k in ("plasticity", "forgetting", "retention_ratio", "acc")
+            _mean_ci(p[k]) if p[k]["ci95"] else "–" for k in ("plasticity", "forgetting", "retention_ratio", "acc")
         )
         L.append(f"| {p['setting']} | {p['seeds']} | {cells} |")
     L += [
