@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 BENCHMARKS_DIR = Path(__file__).resolve().parent
+# the CPU flags that decide adaptercl's CPU kernels (MKL's branch, oneDNN's packs, bf16 rollouts): kept in `machine()`
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 TRAINING_PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes", "datasets")
 
 
@@ -28,21 +30,19 @@ def command() -> str:
 
 
 def machine() -> dict[str, Any]:
-    """CPU model, core counts, torch threads, load average at the start, memory, GPU and platform."""
+    """The CPU (name, family, model number, the flags of ISA_FLAGS it has), core counts, torch threads, load average at
+    the start, memory, GPU and platform."""
     import torch
 
-    cpu = "unknown"
-    try:
-        cpu = next(
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        )
-    except (OSError, StopIteration):
-        pass
+    from adaptercl.system.cpu_kernels import CPUINFO, cpu_fields
+
+    cpu = cpu_fields(CPUINFO.read_text() if CPUINFO.is_file() else "")
     memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return {
-        "cpu": cpu,
+        "cpu": cpu["model"] or "unknown",
+        "cpu_family": cpu["family"],  # family and model number tell CPUs of one name apart (AMD EPYC family 25:
+        "cpu_model_number": cpu["model_number"],  # Zen 3 and Zen 4; family 26: Zen 5)
+        "cpu_flags": [flag for flag in ISA_FLAGS if flag in cpu["flags"]],
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

@@ -67,12 +67,23 @@ for line in sys.stdin:
 _DECISION: dict[str, Any] = {"mkl_cbwr": None, "source": "not decided (import adaptercl decides)"}
 
 
+# /proc/cpuinfo's keys -> cpu_fields' names ("model" there is the model number, "model name" the marketing name)
+CPUINFO_FIELDS = {
+    "vendor_id": "vendor",
+    "model name": "model",
+    "cpu family": "family",
+    "model": "model_number",
+    "flags": "flags",
+}
+
+
 def cpu_fields(cpuinfo: str) -> dict[str, Any]:
-    """The first processor's vendor, model name and flags from the text of /proc/cpuinfo."""
-    fields: dict[str, Any] = {"vendor": "", "model": "", "flags": []}
+    """The first processor's vendor, model name, family and model number (which tell CPUs of one marketing name apart,
+    e.g. a Zen 4 and a Zen 5 "AMD EPYC") and flags from the text of /proc/cpuinfo."""
+    fields: dict[str, Any] = {"vendor": "", "model": "", "family": "", "model_number": "", "flags": []}
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        name = {"vendor_id": "vendor", "model name": "model", "flags": "flags"}.get(key.strip())
+        name = CPUINFO_FIELDS.get(key.strip())
         if name and not fields[name]:
             fields[name] = value.split() if name == "flags" else value.strip()
     return fields

@@ -46,7 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
 from perf_common import write_result  # noqa: E402
-from provenance import markdown_table, provenance, spread  # noqa: E402
+from provenance import ISA_FLAGS, markdown_table, provenance, spread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 DECODE_VARIANTS = ("float32-plain", "float32-packed", "bfloat16-packed")
@@ -62,11 +62,12 @@ def cpu_summary() -> dict[str, Any]:
 
     text = CPUINFO.read_text() if CPUINFO.is_file() else ""
     cpu = cpu_fields(text)
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
     return {
         "model": cpu["model"],
         "vendor": cpu["vendor"],
-        "flags": [f for f in wanted if f in cpu["flags"]],
+        "family": cpu["family"],
+        "model_number": cpu["model_number"],
+        "flags": [f for f in ISA_FLAGS if f in cpu["flags"]],
         "bf16_units": bf16_units(text),
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "mkl_cbwr": os.environ.get("MKL_CBWR"),

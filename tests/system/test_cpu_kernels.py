@@ -102,6 +102,23 @@ def test_the_cache_key_is_the_cpus_model_flags_and_torch():
     assert key != cpu_kernels.cache_key(INTEL_AMX.replace("8480", "8580"), "2.13.0")
 
 
+def test_cpu_fields_tell_two_cpus_of_one_name_apart_by_hand():
+    """/proc/cpuinfo as Linux writes it: "model" (the number) is not "model name"; the first processor's values."""
+    zen5 = (
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n"
+        "flags\t\t: fpu avx2 avx512f\n\nprocessor\t: 1\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n"
+    )
+    fields = cpu_kernels.cpu_fields(zen5)
+    assert fields == {
+        "vendor": "AuthenticAMD",
+        "model": "AMD EPYC",
+        "family": "26",
+        "model_number": "2",
+        "flags": ["fpu", "avx2", "avx512f"],
+    }
+    assert cpu_kernels.cpu_fields(INTEL_AMX)["model_number"] == ""  # a field the text lacks stays empty
+
+
 def test_bf16_units_by_hand():
     assert cpu_kernels.bf16_units(AMD_512) == ["avx512_bf16"]
     assert cpu_kernels.bf16_units(INTEL_AMX) == ["amx_bf16"]
