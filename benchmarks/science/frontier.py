@@ -27,7 +27,7 @@ from resampling import Draws, percentile, sign_flip_p
 
 from adaptercl.measure.stats import t_interval
 
-# GRPO's knob settings (run.py METHODS) and the reference that stops after stage 1: the frontier's points
+# GRPO's knob settings (method_recipes.py METHODS) and the reference that stops after stage 1: the frontier's points
 FRONTIER = ("grpo", "grpo_lr050", "grpo_lr025", "grpo_replay10", "grpo_replay25", "grpo_l2", "hybrid_no_distill",
             "stage_skip")  # fmt: skip
 ABLATIONS = ("hybrid_no_distill", "hybrid_no_replay", "hybrid_no_l2")  # the hybrid with one part removed (each)

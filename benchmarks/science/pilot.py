@@ -25,7 +25,8 @@ import argparse
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from run import ROOT, launch, method_recipe, portable
+from method_recipes import method_recipe
+from run import ROOT, launch, portable
 from sweeps import SEQUENCES
 
 PILOT_SEED = 100  # never a sweep seed (sweeps.COLLECTIONS use 0-5); the issue 25 toolcall pilot's seed too

@@ -131,7 +131,8 @@ def markdown(data: dict, runs: dict[str, dict[int, dict]]) -> str:
     L += [
         f"Setting: `{meta['setting']['base']}`"
         + (f" with `{' '.join(meta['setting']['overrides'])}`" if meta["setting"]["overrides"] else "")
-        + f", methods as in run.py's METHODS; runs in `{meta['setting']['runs_dir']}`. Eval examples per domain: "
+        + ", methods as in method_recipes.py's METHODS"
+        + f"; runs in `{meta['setting']['runs_dir']}`. Eval examples per domain: "
         + ", ".join(f"{d} n = {n}" for d, n in zip(domains, first["n"]))
         + ".",
         f"Collected by `{meta['collected_by']}` at git {meta['collected_at_git']}; machine: {mach['cpu']}, "

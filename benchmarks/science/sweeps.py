@@ -62,7 +62,7 @@ def with_sequence(recipe: dict, name: str) -> dict:
 @dataclass(frozen=True)
 class Collection:
     sequence: str | None  # a SEQUENCES name; None: base.yaml's own (issue25), or not chosen yet (forgetting)
-    seeds: dict[str, list[int]]  # method (run.py METHODS) -> its seeds, in the order the tables list them
+    seeds: dict[str, list[int]]  # method (method_recipes.py METHODS) -> its seeds, in the order the tables list them
     out: str  # where results.json/.md/.png go, relative to benchmarks/science
     runs: str  # the default runs folder, relative to the repo root
     needs_sequence: bool = False  # refuse to run while `sequence` is None (a collection waiting for its pilots)

@@ -20,6 +20,7 @@ science_run = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(science_run)  # puts benchmarks/ and benchmarks/science on sys.path
 analysis = sys.modules.get("analysis") or importlib.import_module("analysis")
 collect = importlib.import_module("collect")
+method_recipes = importlib.import_module("method_recipes")
 results = importlib.import_module("results")
 headline = importlib.import_module("headline")
 signals = importlib.import_module("signals")
@@ -174,7 +175,7 @@ def test_write_results_files(runs, tmp_path):
     out = tmp_path / "out"
     setting = {"base": "benchmarks/science/base.yaml", "overrides": ["optim.steps=2"], "runs_dir": str(runs)}
     setting["sequence"] = {"name": "calc_hash-calc_says", "stages": [["calc_hash", 2], ["calc_says", 2]]}
-    results.write_results(records, out, setting, science_run.METHODS, science_run.SDPO_VARIANTS, resamples=50)
+    results.write_results(records, out, setting, method_recipes.METHODS, method_recipes.SDPO_VARIANTS, resamples=50)
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["sequence"] == "calc_hash-calc_says"  # issue 43: each collection names its sequence
     assert data["summary"]["grpo"]["figures"]["forgetting"]["mean"] == pytest.approx(0.3)
@@ -190,15 +191,15 @@ def test_write_results_files(runs, tmp_path):
 def test_method_recipes_are_valid_and_share_the_budget(tmp_path):
     # srpo comes with its own change (issue 25, point 1): until the grammar has it, its two runs are the only ones
     # that cannot validate; every other method must
-    pending = {m for m, spec in science_run.METHODS.items() if spec["method"] not in ADAPTERCL_METHODS}
+    pending = {m for m, spec in method_recipes.METHODS.items() if spec["method"] not in ADAPTERCL_METHODS}
     assert pending <= {"srpo", "srpo_continual"}
-    assert set(science_run.DEFAULT_METHODS) == {"grpo", "grpo_kl", "sdpo", "sdpo_gated", "srpo", "srpo_continual",
+    assert set(method_recipes.DEFAULT_METHODS) == {"grpo", "grpo_kl", "sdpo", "sdpo_gated", "srpo", "srpo_continual",
                                                 "hybrid"}  # fmt: skip
-    for method in sorted(set(science_run.METHODS) - pending - {"joint"}):  # joint: one stage (issue 43 tests)
-        recipe = resolve_recipe(science_run.method_recipe(method, 1, tmp_path))
+    for method in sorted(set(method_recipes.METHODS) - pending - {"joint"}):  # joint: one stage (issue 43 tests)
+        recipe = resolve_recipe(method_recipes.method_recipe(method, 1, tmp_path))
         for stage in recipe.stages:
             sequences = stage.rollout.group_size * stage.optim.prompts_per_step
-            assert (stage.method, sequences, recipe.seed) == (science_run.METHODS[method]["method"], 24, 1)
+            assert (stage.method, sequences, recipe.seed) == (method_recipes.METHODS[method]["method"], 24, 1)
         # the toolcall stage trains 24 steps (its learnable budget, README "Learnable stages"), the others 12
         assert [(s.domain, s.optim.steps) for s in recipe.stages] == [
             ("arithmetic", 12),
@@ -214,34 +215,34 @@ def test_method_recipes_are_valid_and_share_the_budget(tmp_path):
             "mcq",
             "toolcall",
         }
-    sdft = resolve_recipe(science_run.method_recipe("sdft", 0, tmp_path)).stages[1]
+    sdft = resolve_recipe(method_recipes.method_recipe("sdft", 0, tmp_path)).stages[1]
     assert (sdft.rollout.group_size, sdft.rollout.max_new_tokens, sdft.distill.support) == (1, 24, "full")
-    kl = resolve_recipe(science_run.method_recipe("grpo_kl", 0, tmp_path)).stages[2]
+    kl = resolve_recipe(method_recipes.method_recipe("grpo_kl", 0, tmp_path)).stages[2]
     assert (kl.method, kl.regularizers.kl_prev, kl.grpo.kl_coef) == ("grpo", 0.01, 0.0)  # KL to the stage start
     for method in ("srpo", "srpo_continual", "srpo_gated"):  # the paper's weight decay, no 10-step warm-up in 12 steps
-        optim = resolve_recipe(science_run.method_recipe(method, 0, tmp_path)).stages[0].optim
+        optim = resolve_recipe(method_recipes.method_recipe(method, 0, tmp_path)).stages[0].optim
         assert (optim.warmup_steps, optim.weight_decay) == (0, 0.01)
-    gated = resolve_recipe(science_run.method_recipe("sdpo_gated", 0, tmp_path)).stages[0].distill.teacher
+    gated = resolve_recipe(method_recipes.method_recipe("sdpo_gated", 0, tmp_path)).stages[0].distill.teacher
     assert (gated.kind, gated.refresh_every, gated.gate_window) == ("gated", 4, 4)  # checks at steps 8 and 12
-    small = science_run.method_recipe("grpo", 0, tmp_path, ["optim.steps=2", "eval.examples_per_domain=8"], None)
+    small = method_recipes.method_recipe("grpo", 0, tmp_path, ["optim.steps=2", "eval.examples_per_domain=8"], None)
     assert small["optim"] == {"lr": 3.0e-4, "steps": 2, "prompts_per_step": 4, "max_grad_norm": 1.0}
     assert small["eval"]["examples_per_domain"] == 8 and small["output_dir"] == str(tmp_path / "grpo-s0")
     assert [d["name"] for d in small["domains"]] == ["arithmetic", "mcq", "toolcall"]  # no probes asked for
     with pytest.raises(SystemExit, match="expected KEY=VALUE"):
-        science_run.apply_overrides({}, ["optim.steps"])
+        method_recipes.apply_overrides({}, ["optim.steps"])
     # a stage by its name: the smoke test's short toolcall stage
-    smoke = science_run.method_recipe("grpo", 0, tmp_path, ["optim.steps=2", "stages.toolcall.optim.steps=2"], None)
+    smoke = method_recipes.method_recipe("grpo", 0, tmp_path, ["optim.steps=2", "stages.toolcall.optim.steps=2"], None)
     assert [s["optim"]["steps"] for s in resolve_recipe(smoke).model_dump()["stages"]] == [2, 2, 2]
     with pytest.raises(SystemExit, match="no entry named 'tool'"):
-        science_run.apply_overrides(smoke, ["stages.tool.optim.steps=2"])
+        method_recipes.apply_overrides(smoke, ["stages.tool.optim.steps=2"])
 
 
 def test_preflight_names_missing_probe_files_and_an_invalid_recipe(tmp_path):
     data = tmp_path / "data"
-    for file, _ in list(science_run.PROBES.values())[:3]:  # winogrande missing
+    for file, _ in list(method_recipes.PROBES.values())[:3]:  # winogrande missing
         (data / file).parent.mkdir(parents=True, exist_ok=True)
         (data / file).write_text("{}")
-    assert science_run.missing_probe_files(str(data)) == ["winogrande/winogrande.jsonl"]
+    assert method_recipes.missing_probe_files(str(data)) == ["winogrande/winogrande.jsonl"]
     with pytest.raises(SystemExit, match=r"retention probe data not found under .*: winogrande/winogrande.jsonl"):
         science_run.preflight(["grpo"], [0], tmp_path, [], str(data))
     with pytest.raises(SystemExit, match=r"^grpo-s0: .*optim.steps"):  # one line naming the run and the field
@@ -251,7 +252,7 @@ def test_preflight_names_missing_probe_files_and_an_invalid_recipe(tmp_path):
 
 def test_a_finished_run_is_skipped_and_one_finished_with_another_recipe_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(science_run.subprocess, "run", lambda *a, **k: pytest.fail("a finished run was run again"))
-    recipe = science_run.method_recipe("grpo", 0, tmp_path)
+    recipe = method_recipes.method_recipe("grpo", 0, tmp_path)
     (tmp_path / "grpo-s0").mkdir()
     (tmp_path / "grpo-s0" / "summary.json").write_text("{}")
     (tmp_path / "grpo-s0.run.json").write_text("{}")
@@ -359,7 +360,7 @@ def test_results_carry_the_headline_and_pareto_plot_and_no_machine_path(probe_ru
     out = tmp_path / "out"
     setting = {"base": "benchmarks/science/base.yaml", "overrides": [], "runs_dir": "<runs>", "reference": "grpo"}
     data = results.write_results(
-        records, out, setting, science_run.METHODS, science_run.SDPO_VARIANTS, 50, {str(probe_runs): "<runs>"}
+        records, out, setting, method_recipes.METHODS, method_recipes.SDPO_VARIANTS, 50, {str(probe_runs): "<runs>"}
     )
     assert data["headline"]["answer"] == "yes"
     text = (out / "results.json").read_text() + (out / "results.md").read_text()

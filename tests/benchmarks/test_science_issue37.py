@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from adaptercl.recipe.grammar import resolve_recipe
-from tests.benchmarks.test_science import STAGES, N, science_run, write_run
+from tests.benchmarks.test_science import STAGES, N, method_recipes, science_run, write_run
 
 analysis = importlib.import_module("analysis")
 collect = importlib.import_module("collect")
@@ -29,16 +29,16 @@ CANDIDATE = "mcq-mcq_text"
 
 def test_every_sequence_makes_a_valid_recipe_with_one_evolving_adapter(tmp_path):
     for name, stages in sweeps.SEQUENCES.items():
-        recipe = resolve_recipe(science_run.method_recipe("grpo", 0, tmp_path, sequence=name))
+        recipe = resolve_recipe(method_recipes.method_recipe("grpo", 0, tmp_path, sequence=name))
         assert [(s.domain, s.optim.steps) for s in recipe.stages] == stages
         assert [s.adapter.init for s in recipe.stages][1:] == ["continue"] * (len(stages) - 1)
         assert {s.rollout.group_size * s.optim.prompts_per_step for s in recipe.stages} == {24}  # base.yaml's budget
         assert recipe.eval.retention_probes == ["arc", "boolq", "piqa", "winogrande"]
     # the override of a candidate's stage by its name, as the pilots' variants do
-    longer = science_run.method_recipe("grpo", 0, tmp_path, ["stages.mcq_text.optim.steps=24"], None, CANDIDATE)
+    longer = method_recipes.method_recipe("grpo", 0, tmp_path, ["stages.mcq_text.optim.steps=24"], None, CANDIDATE)
     assert [s.optim.steps for s in resolve_recipe(longer).stages] == [12, 24]
     with pytest.raises(SystemExit, match="unknown sequence 'nope'"):
-        science_run.method_recipe("grpo", 0, tmp_path, sequence="nope")
+        method_recipes.method_recipe("grpo", 0, tmp_path, sequence="nope")
 
 
 def test_the_forgetting_collection_has_the_baselines_and_more_seeds_where_the_question_is(tmp_path):
@@ -52,20 +52,20 @@ def test_the_forgetting_collection_has_the_baselines_and_more_seeds_where_the_qu
     assert not set().union(*seeds.values()) & {pilot.PILOT_SEED}  # the pilots' seed is never a sweep's
     for method in seeds:  # every method validates on every candidate sequence
         for sequence in pilot.CANDIDATES:
-            resolve_recipe(science_run.method_recipe(method, 0, tmp_path, sequence=sequence))
-    replay = resolve_recipe(science_run.method_recipe("grpo_replay10", 0, tmp_path, sequence=CANDIDATE)).stages[1]
+            resolve_recipe(method_recipes.method_recipe(method, 0, tmp_path, sequence=sequence))
+    replay = resolve_recipe(method_recipes.method_recipe("grpo_replay10", 0, tmp_path, sequence=CANDIDATE)).stages[1]
     assert (replay.method, replay.regularizers.replay_fraction, replay.regularizers.replay_rounding) == (
         "grpo", 0.1, "stochastic")  # fmt: skip
     for gated, plain in (("srpo_gated", "srpo"), ("hybrid_gated", "hybrid")):
-        stage = resolve_recipe(science_run.method_recipe(gated, 0, tmp_path, sequence=CANDIDATE)).stages[1]
+        stage = resolve_recipe(method_recipes.method_recipe(gated, 0, tmp_path, sequence=CANDIDATE)).stages[1]
         assert (stage.method, stage.distill.gate.kind, stage.distill.gate.every) == (plain, "lift", 4)
         # the gate is the one difference from the ungated method
-        ungated = science_run.method_recipe(plain, 0, tmp_path / "x", sequence=CANDIDATE)
-        with_gate = science_run.method_recipe(gated, 0, tmp_path / "x", sequence=CANDIDATE)
+        ungated = method_recipes.method_recipe(plain, 0, tmp_path / "x", sequence=CANDIDATE)
+        with_gate = method_recipes.method_recipe(gated, 0, tmp_path / "x", sequence=CANDIDATE)
         with_gate["distill"].pop("gate")
         assert with_gate == {**ungated, "output_dir": with_gate["output_dir"]}
     # the earlier collection is as it ran: its methods and seeds
-    assert sweeps.COLLECTIONS["issue25"].seeds == {m: [0, 1, 2] for m in science_run.DEFAULT_METHODS}
+    assert sweeps.COLLECTIONS["issue25"].seeds == {m: [0, 1, 2] for m in method_recipes.DEFAULT_METHODS}
 
 
 def test_runs_go_seed_by_seed_and_the_forgetting_collection_waits_for_its_sequence(tmp_path, monkeypatch):
@@ -210,7 +210,7 @@ def test_results_of_a_collection_with_unequal_seeds_and_artifacts(tmp_path):
     records, _ = collect.collect_runs(runs_dir, list(seeds), seeds)
     setting = {"base": "benchmarks/science/base.yaml", "collection": "forgetting", "seeds": seeds, "overrides": [],
                "runs_dir": "<runs>", "reference": "grpo"}  # fmt: skip
-    data = results.write_results(records, tmp_path / "out", setting, science_run.METHODS, (), 50, {})
+    data = results.write_results(records, tmp_path / "out", setting, method_recipes.METHODS, (), 50, {})
     md = (tmp_path / "out" / "results.md").read_text()
     assert "mean over each method's seeds ([0, 1, 2] in all; the seeds column)" in md and "With 2 to 3 seeds" in md
     assert "| grpo | 3 | " in md and "| hybrid | 2 | " in md  # the per-method table's seeds column

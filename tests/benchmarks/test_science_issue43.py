@@ -10,7 +10,7 @@ import json
 import pytest
 
 from adaptercl.recipe.grammar import resolve_recipe
-from tests.benchmarks.test_science import N, science_run, write_run
+from tests.benchmarks.test_science import N, method_recipes, science_run, write_run
 
 analysis = importlib.import_module("analysis")
 collect = importlib.import_module("collect")
@@ -132,7 +132,7 @@ def test_frontier_gap_retains_and_position_by_hand(collection):
 def test_results_carry_the_references_the_frontier_and_the_headline(collection, tmp_path):
     runs_dir, records, _ = collection
     setting = {"base": "b.yaml", "overrides": [], "runs_dir": "<runs>", "reference": "grpo"}
-    data = results.write_results(records, tmp_path / "out", setting, science_run.METHODS, (), 100)
+    data = results.write_results(records, tmp_path / "out", setting, method_recipes.METHODS, (), 100)
     assert data["references"] == ["base", "stage_skip", "joint"]
     assert [p["setting"] for p in data["frontier"]] == ["grpo", "grpo_lr050", "hybrid_no_distill", "stage_skip"]
     md = (tmp_path / "out" / "results.md").read_text()
@@ -165,7 +165,9 @@ def test_results_carry_the_references_the_frontier_and_the_headline(collection, 
 
 def test_the_new_methods_set_their_knobs(tmp_path):
     def stage2(method):
-        return resolve_recipe(science_run.method_recipe(method, 0, tmp_path, sequence="calc_hash-calc_says")).stages[1]
+        return resolve_recipe(
+            method_recipes.method_recipe(method, 0, tmp_path, sequence="calc_hash-calc_says")
+        ).stages[1]
 
     assert [stage2(m).optim.lr for m in ("grpo", "grpo_lr050", "grpo_lr025")] == [3e-4, 1.5e-4, 7.5e-5]
     r25, l2 = stage2("grpo_replay25").regularizers, stage2("grpo_l2").regularizers
@@ -185,7 +187,7 @@ def test_the_new_methods_set_their_knobs(tmp_path):
 
 @pytest.mark.parametrize(("sequence", "fraction"), [("calc_hash-calc_says", 0.5), ("calc_hash-calc_says-mcq", 2 / 3)])
 def test_joint_is_one_multitask_stage_of_the_sequences_total_steps(tmp_path, sequence, fraction):
-    recipe = resolve_recipe(science_run.method_recipe("joint", 0, tmp_path, sequence=sequence))
+    recipe = resolve_recipe(method_recipes.method_recipe("joint", 0, tmp_path, sequence=sequence))
     (stage,) = recipe.stages
     domains = [d for d, _ in sweeps.SEQUENCES[sequence]]
     assert (stage.domain, stage.method, stage.optim.steps) == (
@@ -200,18 +202,18 @@ def test_joint_is_one_multitask_stage_of_the_sequences_total_steps(tmp_path, seq
 def test_every_run_of_a_seed_but_grpo_takes_its_row_0_from_grpo(tmp_path):
     frontier_c = sweeps.COLLECTIONS["frontier"]
     for method in frontier_c.seeds:
-        recipe = science_run.method_recipe(method, 3, tmp_path, list(frontier_c.settings), None,
+        recipe = method_recipes.method_recipe(method, 3, tmp_path, list(frontier_c.settings), None,
                                            frontier_c.sequence, frontier_c.shares_row0_from)  # fmt: skip
         expected = None if method == "grpo" else str(tmp_path / "grpo-s3")
         assert recipe["eval"].get("before_from") == expected
         resolve_recipe(recipe)
     # the issue-43 settings: cheaper diagnostics, probes by log-likelihood; the earlier collections keep generation
-    grpo = resolve_recipe(science_run.method_recipe("grpo", 0, tmp_path, list(frontier_c.settings)))
+    grpo = resolve_recipe(method_recipes.method_recipe("grpo", 0, tmp_path, list(frontier_c.settings)))
     assert (grpo.eval.drift_probes, grpo.eval.stage_kl_prompts, grpo.eval.teacher_lift_prompts) == (2, 16, 16)
     assert grpo.eval.choice_scoring == "loglikelihood"
     old = sweeps.COLLECTIONS["forgetting"]
     assert (
-        resolve_recipe(science_run.method_recipe("grpo", 0, tmp_path, list(old.settings))).eval.choice_scoring
+        resolve_recipe(method_recipes.method_recipe("grpo", 0, tmp_path, list(old.settings))).eval.choice_scoring
         == "generate"
     )
 
