@@ -252,7 +252,9 @@ def run_choice(args: argparse.Namespace) -> dict[str, Any]:
 
 def markdown(result: dict[str, Any]) -> str:
     cpu = result["cpu"]
-    out = [f"### CPU paths on {cpu['model']} ({', '.join(cpu['flags'])}; torch {cpu['torch_cpu_capability']})\n"]
+    family = f"family {cpu['family']} model {cpu['model_number']}; " if cpu.get("family") else ""
+    flags = ", ".join(cpu["flags"])
+    out = [f"### CPU paths on {cpu['model']} ({family}{flags}; torch {cpu['torch_cpu_capability']})\n"]
     if "mkl" in result:
         mkl = result["mkl"]
         line = f"MKL under MKL_CBWR=AVX2 computes in CNR:{mkl.get('effective')}"

@@ -56,3 +56,14 @@ def test_choice_part_reports_the_runs_measurement_and_its_choice_per_thread_coun
     assert "| 2 threads | sequences |" in cpu_paths.markdown(
         {"cpu": {"model": "m", "flags": [], "torch_cpu_capability": "AVX512"}, "choice": result}
     )
+
+
+def test_the_summary_names_the_cpu_by_family_and_model_number():
+    """Two CPUs of one name (a Zen 4 and a Zen 5 'AMD EPYC') are told apart in the heading; an older result without
+    the fields keeps its heading."""
+    cpu = {"model": "AMD EPYC", "flags": ["avx2", "avx512f"], "torch_cpu_capability": "AVX512"}
+    heading = cpu_paths.markdown({"cpu": cpu | {"family": "26", "model_number": "2"}}).splitlines()[0]
+    assert heading == "### CPU paths on AMD EPYC (family 26 model 2; avx2, avx512f; torch AVX512)"
+    assert (
+        cpu_paths.markdown({"cpu": cpu}).splitlines()[0] == "### CPU paths on AMD EPYC (avx2, avx512f; torch AVX512)"
+    )
