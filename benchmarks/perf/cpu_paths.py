@@ -304,6 +304,12 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def result_name(cpu_model: str, part: str = "all") -> str:
+    """cpu_paths-<the CPU's model name, lower-case, runs of other characters as one dash>[-<part>]."""
+    name = "cpu_paths-" + re.sub(r"[^A-Za-z0-9]+", "-", cpu_model).strip("-").lower()
+    return name if part == "all" else f"{name}-{part}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["all", "mkl", "decode", "train", "choice", "mismatch"], default="all")
@@ -336,8 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             result["decode"] = run_decode(args, model, tokenizer, steps)
         if args.part in ("all", "mismatch"):
             result["mismatch"] = run_mismatch(args, model, tokenizer, steps)
-    name = "cpu_paths-" + re.sub(r"[^A-Za-z0-9]+", "-", result["cpu"]["model"]).strip("-").lower()
-    path = write_result(name if args.part == "all" else f"{name}-{args.part}", result, args.out)
+    path = write_result(result_name(result["cpu"]["model"], args.part), result, args.out)
     print(markdown(result))
     print(f"written: {path}")
     return 0

@@ -1,0 +1,107 @@
+"""benchmarks/perf/cpu_figures.py: the CPU's folder name, the commands in order with the names their scripts write,
+resuming (a measured step is skipped, a failed one reported), the quickstart's learning bar by hand, the peak-RSS
+wrapper on a real child, and summary.md from the committed Zen 5 results against issue 46's bars."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks" / "perf"))
+import cpu_figures  # noqa: E402
+import cpu_paths  # noqa: E402
+import step_time  # noqa: E402
+
+ZEN5 = REPO / "benchmarks" / "perf" / "results" / "amd-epyc-zen5"
+CPUINFO = "vendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nflags\t\t: avx2\n"
+
+
+def test_the_cpus_folder_name_tells_two_cpus_of_one_name_apart():
+    assert cpu_figures.cpu_name(CPUINFO) == "amd-epyc-f26-m2"
+    assert cpu_figures.cpu_name(CPUINFO.replace(": 26", ": 25").replace(": 2\n", ": 17\n")) == "amd-epyc-f25-m17"
+    intel = "model name\t: Intel(R) Xeon(R) Platinum 8480+\ncpu family\t: 6\nmodel\t\t: 143\n"
+    assert cpu_figures.cpu_name(intel) == "intel-r-xeon-r-platinum-8480-f6-m143"
+    assert cpu_figures.cpu_name("") == "unknown-cpu"
+
+
+def test_the_steps_write_into_the_folder_under_the_names_their_scripts_give(tmp_path):
+    plan = cpu_figures.steps(tmp_path, "AMD EPYC")
+    names = [step.name for step in plan]
+    workload = dict(method="sdpo", model="smollm2-135m-instruct", workload="long-fixed", rollout_dtype="float32")
+    assert (
+        names[:2] == ["thread_penalty", cpu_paths.result_name("AMD EPYC")] == ["thread_penalty", "cpu_paths-amd-epyc"]
+    )
+    assert names[2:] == [
+        "step_time-smollm2-135m-instruct",
+        "step_time-smollm2-135m-instruct-long-fixed",
+        "step_time-smollm2-135m-instruct-long",
+        "step_time-sdpo-smollm2-135m-instruct",
+        step_time.result_name(argparse.Namespace(**workload)),
+    ]
+    for step in plan:
+        assert step.argv[-2:] == ["--out", str(tmp_path)] and Path(step.argv[1]).is_file()
+    assert plan[-1].argv[2:-2] == ["--method", "sdpo", "--model", "smollm2-135m-instruct", "--workload", "long-fixed",
+                                   "--steps", "3", "--warmup", "1"]  # fmt: skip
+
+
+def test_a_measured_step_is_skipped_and_a_failed_one_reported(tmp_path):
+    plan = [cpu_figures.Step(name, [name]) for name in ("a", "b", "c")]
+    (tmp_path / "a.json").write_text("{}")
+    ran = []
+
+    def run(argv):
+        ran.append(argv[0])
+        return 1 if argv[0] == "c" else 0
+
+    assert cpu_figures.run_steps(plan, tmp_path, redo=False, run=run) == ["c"] and ran == ["b", "c"]
+    ran.clear()
+    assert cpu_figures.run_steps(plan, tmp_path, redo=True, run=run) == ["c"] and ran == ["a", "b", "c"]
+
+
+def test_the_quickstarts_learning_bar_by_hand():
+    summary = json.loads((REPO / "benchmarks" / "quickstart" / "summary.json").read_text())
+    gains = cpu_figures.gains(summary)
+    assert list(gains) == ["arithmetic", "mcq"]
+    assert abs(gains["arithmetic"] - (16 / 30 - 5 / 30)) < 1e-12 and abs(gains["mcq"] - (10 / 30 - 5 / 30)) < 1e-12
+    assert cpu_figures.learns(gains)
+    assert not cpu_figures.learns({"arithmetic": 0.2, "mcq": 0.0})  # mcq must gain
+    assert not cpu_figures.learns({"arithmetic": 0.19, "mcq": 0.1})
+    assert cpu_figures.learns({"arithmetic": 0.2, "mcq": 1 / 30})
+
+
+def test_the_peak_rss_wrapper_reports_its_one_childs_peak():
+    child = [sys.executable, "-c", "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"]
+    done = subprocess.run([sys.executable, "-c", cpu_figures.PEAK_RSS, *child], capture_output=True, text=True)
+    assert done.returncode == 0
+    peak_kb = int(done.stderr.strip().splitlines()[-1].split()[-1])
+    assert 300 * 1024 <= peak_kb < 2 * 1024 * 1024  # the 300 MiB it touched, and not the size of any other process
+    failing = subprocess.run([sys.executable, "-c", cpu_figures.PEAK_RSS, sys.executable, "-c", "raise SystemExit(3)"])
+    assert failing.returncode == 3  # the child's exit code is passed on
+
+
+def test_the_summary_holds_each_ratio_and_the_quickstart_against_the_bars(tmp_path):
+    for path in ZEN5.glob("step_time-*.json"):
+        shutil.copy(path, tmp_path)
+    slow = json.loads((tmp_path / "step_time-smollm2-135m-instruct-long.json").read_text())
+    slow["ratio_of_medians"] = 0.55
+    (tmp_path / "step_time-smollm2-135m-instruct-long.json").write_text(json.dumps(slow))
+    (tmp_path / "step_time-sdpo-smollm2-135m-instruct.json").unlink()
+    text = cpu_figures.summary_md(tmp_path)
+    assert "AMD EPYC (family 26 model 2; avx2, avx512f, avx512_bf16, avx512_vnni), 2 usable cores" in text
+    assert "| GRPO | short | 3.17 | 7.74 | **0.409** | 0.416 | met |" in text  # the committed Zen 5 figures
+    assert "| GRPO | long | 14.81 | 41.99 | **0.550** | 0.384 | **not met** |" in text
+    assert "| SDPO | short | not measured |" in text and "The quickstart: not measured." in text
+    quickstart = {"cloned_revision": "e759608abc", "exit": 0, "wall_s": 181.0, "peak_rss_gb": 3.46,
+                  "gains": {"arithmetic": 0.3667, "mcq": 0.0}, "equal_to_committed": False}  # fmt: skip
+    (tmp_path / "quickstart.json").write_text(json.dumps(quickstart))
+    line = cpu_figures.summary_md(tmp_path).splitlines()[-1]
+    assert line.startswith(
+        "The quickstart from a fresh clone of e759608 with an empty model cache: exit 0, **181.0 s**"
+    )
+    assert "(**not met**: <= 180 s)" in line and "arithmetic +0.367, mcq +0.000 (**does not learn**" in line
+    assert line.endswith("summary.json differs from the committed benchmarks/quickstart/summary.json.")
