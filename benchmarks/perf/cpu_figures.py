@@ -141,7 +141,7 @@ def run_quickstart(out: Path) -> dict[str, Any]:
         "cloned_revision": revision.strip(),
         "exit": done.returncode,
         "wall_s": round(wall_s, 1),
-        "peak_rss_gb": round(int(peak[-1]) / 2**20, 2) if peak else None,
+        "peak_rss_gib": round(int(peak[-1]) / 2**20, 2) if peak else None,
         "accuracy": None if summary is None else summary["accuracy"],
         "gains": None if summary is None else gains(summary),
         "equal_to_committed": summary == committed,
@@ -169,16 +169,18 @@ def summary_md(out: Path) -> str:
     for method, workload in STEP_TIME_RUNS:
         path = out / f"{step_time_name(method, workload)}.json"
         if not path.is_file():
-            rows.append([method.upper(), workload, "not measured", "", "", "", ""])
+            rows.append([method.upper(), workload, "not measured", "", "", "", "", ""])
             continue
         r = json.loads(path.read_text())
         machine = machine or r["machine"]
         ratio = r["ratio_of_medians"]
         rows.append([
-            method.upper(), workload, f"{r['adaptercl_step_s']['median']:.2f}", f"{r['trl_step_s']['median']:.2f}",
+            method.upper(), workload, r["versions"]["adaptercl_git"][:7],
+            f"{r['adaptercl_step_s']['median']:.2f}", f"{r['trl_step_s']['median']:.2f}",
             f"**{ratio:.3f}**", f"{r['rollout_per_token_ratio']:.3f}", "met" if ratio <= STEP_BAR else "**not met**",
         ])  # fmt: skip
-    headers = ["method", "workload", "adaptercl s", "TRL s", "ratio of medians", "rollout per token", "<= 0.5x"]
+    headers = ["method", "workload", "revision", "adaptercl s", "TRL s", "ratio of medians", "rollout per token"]
+    headers.append(f"<= {STEP_BAR}x")
     lines = [f"# Issue 46's figures on this CPU (`{out.name}`)", ""]
     quickstart = out / f"{QUICKSTART}.json"
     q = json.loads(quickstart.read_text()) if quickstart.is_file() else None
@@ -199,7 +201,7 @@ def summary_md(out: Path) -> str:
         lines.append(
             f"The quickstart from a fresh clone of {q['cloned_revision'][:7]} with an empty model cache: exit "
             f"{q['exit']}, **{q['wall_s']:.1f} s** ({'met' if q['wall_s'] <= QUICKSTART_BAR_S else '**not met**'}: "
-            f"<= {QUICKSTART_BAR_S:.0f} s), peak RSS {q['peak_rss_gb'] or '?'} GB; gains "
+            f"<= {QUICKSTART_BAR_S:.0f} s), peak RSS {q['peak_rss_gib'] or '?'} GiB; gains "
             + ", ".join(f"{d} {v:+.3f}" for d, v in g.items())
             + f" ({'learns' if learned else '**does not learn**'}: arithmetic >= +0.2, mcq > 0); summary.json "
             + ("equal to" if q["equal_to_committed"] else "differs from")

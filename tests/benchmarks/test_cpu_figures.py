@@ -93,10 +93,10 @@ def test_the_summary_holds_each_ratio_and_the_quickstart_against_the_bars(tmp_pa
     (tmp_path / "step_time-sdpo-smollm2-135m-instruct.json").unlink()
     text = cpu_figures.summary_md(tmp_path)
     assert "AMD EPYC (family 26 model 2; avx2, avx512f, avx512_bf16, avx512_vnni), 2 usable cores" in text
-    assert "| GRPO | short | 3.17 | 7.74 | **0.409** | 0.416 | met |" in text  # the committed Zen 5 figures
-    assert "| GRPO | long | 14.81 | 41.99 | **0.550** | 0.384 | **not met** |" in text
+    assert "| GRPO | short | e759608 | 3.17 | 7.74 | **0.409** | 0.416 | met |" in text  # the committed Zen 5 figures
+    assert "| GRPO | long | e759608 | 14.81 | 41.99 | **0.550** | 0.384 | **not met** |" in text
     assert "| SDPO | short | not measured |" in text and "The quickstart: not measured." in text
-    quickstart = {"cloned_revision": "e759608abc", "exit": 0, "wall_s": 181.0, "peak_rss_gb": 3.46,
+    quickstart = {"cloned_revision": "e759608abc", "exit": 0, "wall_s": 181.0, "peak_rss_gib": 3.26,
                   "gains": {"arithmetic": 0.3667, "mcq": 0.0}, "equal_to_committed": False}  # fmt: skip
     (tmp_path / "quickstart.json").write_text(json.dumps(quickstart))
     line = cpu_figures.summary_md(tmp_path).splitlines()[-1]
