@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import statistics
 import sys
 import time
@@ -45,7 +44,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
-from perf_common import write_result  # noqa: E402
+from perf_common import name_part, write_result  # noqa: E402
 from provenance import ISA_FLAGS, markdown_table, provenance, spread  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -306,7 +305,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def result_name(cpu_model: str, part: str = "all") -> str:
     """cpu_paths-<the CPU's model name, lower-case, runs of other characters as one dash>[-<part>]."""
-    name = "cpu_paths-" + re.sub(r"[^A-Za-z0-9]+", "-", cpu_model).strip("-").lower()
+    name = "cpu_paths-" + name_part(cpu_model)
     return name if part == "all" else f"{name}-{part}"
 
 

@@ -6,11 +6,17 @@ leaves a half-written file.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 RESULTS_DIR = HERE / "results"
+
+
+def name_part(text: str) -> str:
+    """`text` as part of a result's file or folder name: lower-case, each run of other characters one dash."""
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
 
 
 def write_result(name: str, payload: dict[str, Any], out_dir: Path | None = None) -> Path:

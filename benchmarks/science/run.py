@@ -91,13 +91,11 @@ def wait_for_row0(source: Path, poll_s: float = 5.0) -> None:
 
 def cpu_description() -> str:
     """The CPU's model and the vector/matrix extensions that change float32 results: what a run record names."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
+    cpu = machine()
+    if cpu["cpu"] == "unknown" and not cpu["cpu_flags"]:  # no /proc/cpuinfo
         return "unknown"
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
-    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags]
-    return f"{machine()['cpu']} ({' '.join(shown)})"
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in cpu["cpu_flags"]]  # of ISA_FLAGS
+    return f"{cpu['cpu']} ({' '.join(shown)})"
 
 
 CPU = cpu_description()
