@@ -11,9 +11,11 @@ quickstart, `adaptercl recipe run recipes/quickstart.yaml`, in a fresh clone of 
 model cache (the GGUF conversion and the CPU-kernel probes included), timed, its peak RSS taken. Each writes its JSON
 into `benchmarks/perf/results/<name>/`, `<name>` by default the CPU's (`cpu_name`: model name, family and model
 number, e.g. `amd-epyc-f26-m2`, which tells a Zen 5 from a Zen 4 "AMD EPYC"). A step whose JSON is there already is
-skipped (`--redo` reruns it), so an interrupted session resumes where it stopped. Last, `summary.md` there: every
-step ratio against issue 46's bar (<= 0.5x TRL's step), the quickstart's wall time against 180 s and its learning
-(arithmetic >= +0.2 and mcq > 0, n 30 each), and whether its summary.json equals the committed one.
+skipped (`--redo` reruns it), so an interrupted session resumes where it stopped. Every step records the revision
+read before the first (`measured_revision`: the results written meanwhile do not make it `+dirty`). Last,
+`summary.md` there: every step ratio against issue 46's bar (<= 0.5x TRL's step), the quickstart's wall time against
+180 s and its learning (arithmetic >= +0.2 and mcq > 0, n 30 each), and whether its summary.json equals the committed
+one.
 """
 
 from __future__ import annotations
@@ -107,9 +109,22 @@ def run_steps(plan: list[Step], out: Path, redo: bool, run: Callable[[list[str]]
     return failed
 
 
-def run_command(argv: list[str]) -> int:
-    """A benchmark as its own process, offline, from the repo root."""
-    return subprocess.run(argv, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"}).returncode
+def measured_revision(repo: Path, out: Path) -> str:
+    """The revision every step measures, read once before the first: HEAD, `+dirty` when the tree has uncommitted
+    changes outside `out`. The JSONs this command writes into `out` are not code; read by each step (provenance's
+    git_revision), every step after the first would otherwise call itself `+dirty`."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
+    pathspec = [".", f":(exclude){out.resolve().relative_to(repo.resolve())}"]
+    status = subprocess.run(
+        ["git", "status", "--porcelain", "--", *pathspec], cwd=repo, capture_output=True, text=True
+    )
+    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
+
+
+def run_command(argv: list[str], revision: str) -> int:
+    """A benchmark as its own process, offline, from the repo root, recording `revision` as the code it measured."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "ADAPTERCL_GIT_REVISION": revision}
+    return subprocess.run(argv, cwd=REPO, env=env).returncode
 
 
 def run_quickstart(out: Path) -> dict[str, Any]:
@@ -148,6 +163,7 @@ def run_quickstart(out: Path) -> dict[str, Any]:
         "equal_to_committed": summary == committed,
         "cpu_paths": cpu_paths,
     }
+    result["versions"]["adaptercl_git"] = result["cloned_revision"]  # the code it ran: the clone, never dirty
     write_result(QUICKSTART, result, out)
     return result
 
@@ -223,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS_DIR / (args.name or cpu_name(cpuinfo))
     out.mkdir(parents=True, exist_ok=True)
     plan = [s for s in steps(out, cpu_fields(cpuinfo)["model"]) if args.only is None or s.name in args.only]
-    failed = run_steps(plan, out, args.redo, run_command)
+    revision = measured_revision(REPO, out)
+    failed = run_steps(plan, out, args.redo, lambda argv: run_command(argv, revision))
     if args.only is None or QUICKSTART in args.only:  # the same skipping; its "command" is run_quickstart
         failed += run_steps([Step(QUICKSTART, [])], out, args.redo, lambda _: run_quickstart(out)["exit"])
     summary = summary_md(out)

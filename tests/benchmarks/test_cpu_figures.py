@@ -63,6 +63,22 @@ def test_a_measured_step_is_skipped_and_a_failed_one_reported(tmp_path):
     assert cpu_figures.run_steps(plan, tmp_path, redo=True, run=run) == ["c"] and ran == ["a", "b", "c"]
 
 
+def test_the_measured_revision_ignores_the_results_this_command_writes(tmp_path):
+    """A results JSON written by an earlier step does not make the later steps' revision dirty; code does."""
+    repo, out = tmp_path / "repo", tmp_path / "repo" / "benchmarks" / "perf" / "results" / "cpu"
+    out.mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "code.py").write_text("x = 1\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    (out / "step_time-x.json").write_text("{}\n")  # a step's result, uncommitted
+    assert cpu_figures.measured_revision(repo, out) == head
+    (repo / "code.py").write_text("x = 2\n")  # an uncommitted code change
+    assert cpu_figures.measured_revision(repo, out) == head + "+dirty"
+
+
 def test_the_quickstarts_learning_bar_by_hand():
     summary = json.loads((REPO / "benchmarks" / "quickstart" / "summary.json").read_text())
     gains = cpu_figures.gains(summary)
