@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
 from perf_common import RESULTS_DIR, name_part, write_result  # noqa: E402
-from provenance import git_revision, markdown_table, provenance  # noqa: E402
+from provenance import markdown_table, provenance  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -131,7 +131,12 @@ def run_quickstart(out: Path) -> dict[str, Any]:
     """The quickstart in a fresh clone of HEAD with an empty model cache (both in a temporary folder): its wall time,
     peak RSS, exit code, accuracy matrix, learning and whether its summary.json is the committed one; written to
     `out`/quickstart.json."""
-    print(f"cloning git HEAD {git_revision(short=True)} (uncommitted changes are not cloned)", flush=True)
+    revision = measured_revision(REPO, out)
+    print(
+        f"cloning git HEAD {revision[:7]}{'+dirty' * revision.endswith('+dirty')} (uncommitted changes are not"
+        " cloned)",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="adaptercl-quickstart-") as tmp:
         clone = Path(tmp) / "clone"
         subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)

@@ -103,13 +103,18 @@ def test_the_peak_rss_wrapper_reports_its_one_childs_peak():
 def test_the_summary_holds_each_ratio_and_the_quickstart_against_the_bars(tmp_path):
     for path in ZEN5.glob("step_time-*.json"):
         shutil.copy(path, tmp_path)
-    slow = json.loads((tmp_path / "step_time-smollm2-135m-instruct-long.json").read_text())
-    slow["ratio_of_medians"] = 0.55
-    (tmp_path / "step_time-smollm2-135m-instruct-long.json").write_text(json.dumps(slow))
+    # the committed Zen 5 JSONs as they are, with the fields a row shows set by hand (a rerun keeps the test)
+    for name, step, ratio in (("step_time-smollm2-135m-instruct", (3.17, 7.74), 0.409),
+                              ("step_time-smollm2-135m-instruct-long", (14.81, 41.99), 0.55)):  # fmt: skip
+        result = json.loads((tmp_path / f"{name}.json").read_text())
+        result["versions"]["adaptercl_git"] = "e759608a35cb405dec8e8cb3590a180c42ace1cc"
+        result["adaptercl_step_s"]["median"], result["trl_step_s"]["median"] = step
+        result["ratio_of_medians"], result["rollout_per_token_ratio"] = ratio, 0.384
+        (tmp_path / f"{name}.json").write_text(json.dumps(result))
     (tmp_path / "step_time-sdpo-smollm2-135m-instruct.json").unlink()
     text = cpu_figures.summary_md(tmp_path)
     assert "AMD EPYC (family 26 model 2; avx2, avx512f, avx512_bf16, avx512_vnni), 2 usable cores" in text
-    assert "| GRPO | short | e759608 | 3.17 | 7.74 | **0.409** | 0.416 | met |" in text  # the committed Zen 5 figures
+    assert "| GRPO | short | e759608 | 3.17 | 7.74 | **0.409** | 0.384 | met |" in text
     assert "| GRPO | long | e759608 | 14.81 | 41.99 | **0.550** | 0.384 | **not met** |" in text
     assert "| SDPO | short | not measured |" in text and "The quickstart: not measured." in text
     quickstart = {"cloned_revision": "e759608abc", "exit": 0, "wall_s": 181.0, "peak_rss_gib": 3.26,
