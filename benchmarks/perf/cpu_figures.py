@@ -74,19 +74,30 @@ def cpu_name(cpuinfo: str) -> str:
 
 
 def steps(out: Path, cpu_model: str) -> list[Step]:
-    """The benchmark commands, in order, each writing into `out` (the quickstart is run by `run_quickstart`)."""
+    """The benchmark commands, in order, each writing into `out` (the quickstart is run by `run_quickstart`). Paths
+    inside the repository are relative to its root (the steps run there): a result's `command` has no machine path."""
     from cpu_paths import result_name as cpu_paths_name
 
     python = [sys.executable]
-    out_args = ["--out", str(out)]
+    out_args = ["--out", repo_relative(out)]
     plan = [
-        Step("thread_penalty", [*python, str(HERE / "thread_penalty.py"), *out_args]),
-        Step(cpu_paths_name(cpu_model), [*python, str(HERE / "cpu_paths.py"), *out_args]),
+        Step("thread_penalty", [*python, repo_relative(HERE / "thread_penalty.py"), *out_args]),
+        Step(cpu_paths_name(cpu_model), [*python, repo_relative(HERE / "cpu_paths.py"), *out_args]),
     ]
     for method, workload in STEP_TIME_RUNS:
         argv = ["--method", method, "--model", MODEL, "--workload", workload, "--steps", "3", "--warmup", "1"]
-        plan.append(Step(step_time_name(method, workload), [*python, str(HERE / "step_time.py"), *argv, *out_args]))
+        plan.append(
+            Step(step_time_name(method, workload), [*python, repo_relative(HERE / "step_time.py"), *argv, *out_args])
+        )
     return plan
+
+
+def repo_relative(path: Path) -> str:
+    """`path` relative to the repository's root when it is inside it, else as given."""
+    try:
+        return str(path.resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def step_time_name(method: str, workload: str) -> str:

@@ -44,7 +44,11 @@ def test_the_steps_write_into_the_folder_under_the_names_their_scripts_give(tmp_
         step_time.result_name(argparse.Namespace(**workload)),
     ]
     for step in plan:
-        assert step.argv[-2:] == ["--out", str(tmp_path)] and Path(step.argv[1]).is_file()
+        assert step.argv[-2:] == ["--out", str(tmp_path)] and (REPO / step.argv[1]).is_file()
+        assert step.argv[1].startswith("benchmarks/perf/")  # relative to the root the steps run in: no machine path
+    in_repo = cpu_figures.steps(cpu_figures.RESULTS_DIR / "some-cpu", "AMD EPYC")
+    assert all(step.argv[-1] == "benchmarks/perf/results/some-cpu" for step in in_repo)
+    assert not any(str(REPO) in arg for step in in_repo for arg in step.argv[1:])  # argv[0]: the interpreter
     assert plan[-1].argv[2:-2] == ["--method", "sdpo", "--model", "smollm2-135m-instruct", "--workload", "long-fixed",
                                    "--steps", "3", "--warmup", "1"]  # fmt: skip
 
