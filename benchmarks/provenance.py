@@ -68,15 +68,18 @@ def versions(packages: Iterable[str] = TRAINING_PACKAGES, with_git_revision: boo
     return out
 
 
-def git_revision(short: bool = False) -> str:
-    """The checked-out commit of this repository, `+dirty` when the tree has uncommitted changes; the environment's
-    ADAPTERCL_GIT_REVISION when set (a copy of the tree whose .git is not this commit's, e.g. on a rented GPU)."""
+def git_revision(short: bool = False, repo: Path = BENCHMARKS_DIR, exclude: Path | None = None) -> str:
+    """The checked-out commit of the repository holding `repo`, `+dirty` when its tree has uncommitted changes (outside
+    `exclude`, a folder in it, when given: e.g. the results a benchmark runner writes between its steps); the
+    environment's ADAPTERCL_GIT_REVISION when set (a copy of the tree whose .git is not this commit's, e.g. on a rented
+    GPU)."""
     if os.environ.get("ADAPTERCL_GIT_REVISION"):
         return os.environ["ADAPTERCL_GIT_REVISION"]
     rev_parse = ["git", "rev-parse", *(["--short"] if short else []), "HEAD"]
+    pathspec = [] if exclude is None else ["--", ":(top)", f":(exclude){os.path.relpath(exclude, repo)}"]
     try:
-        rev = subprocess.run(rev_parse, cwd=BENCHMARKS_DIR, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=BENCHMARKS_DIR, capture_output=True, text=True)
+        rev = subprocess.run(rev_parse, cwd=repo, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", *pathspec], cwd=repo, capture_output=True, text=True)
         return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"

@@ -12,7 +12,7 @@ model cache (the GGUF conversion and the CPU-kernel probes included), timed, its
 into `benchmarks/perf/results/<name>/`, `<name>` by default the CPU's (`cpu_name`: model name, family and model
 number, e.g. `amd-epyc-f26-m2`, which tells a Zen 5 from a Zen 4 "AMD EPYC"). A step whose JSON is there already is
 skipped (`--redo` reruns it), so an interrupted session resumes where it stopped. Every step records the revision
-read before the first (`measured_revision`: the results written meanwhile do not make it `+dirty`). Last,
+read before the first (the results written meanwhile do not make it `+dirty`). Last,
 `summary.md` there: every step ratio against issue 46's bar (<= 0.5x TRL's step), the quickstart's wall time against
 180 s and its learning (arithmetic >= +0.2 and mcq > 0, n 30 each), and whether its summary.json equals the committed
 one.
@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/, for the shared provenance.py
 
 from perf_common import RESULTS_DIR, name_part, write_result  # noqa: E402
-from provenance import markdown_table, provenance  # noqa: E402
+from provenance import git_revision, markdown_table, provenance  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -120,38 +120,21 @@ def run_steps(plan: list[Step], out: Path, redo: bool, run: Callable[[list[str]]
     return failed
 
 
-def measured_revision(repo: Path, out: Path) -> str:
-    """The revision every step measures, read once before the first: HEAD, `+dirty` when the tree has uncommitted
-    changes outside `out`. The JSONs this command writes into `out` are not code; read by each step (provenance's
-    git_revision), every step after the first would otherwise call itself `+dirty`."""
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, check=True)
-    pathspec = [".", f":(exclude){out.resolve().relative_to(repo.resolve())}"]
-    status = subprocess.run(
-        ["git", "status", "--porcelain", "--", *pathspec], cwd=repo, capture_output=True, text=True
-    )
-    return head.stdout.strip() + ("+dirty" if status.stdout.strip() else "")
-
-
 def run_command(argv: list[str], revision: str) -> int:
     """A benchmark as its own process, offline, from the repo root, recording `revision` as the code it measured."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "ADAPTERCL_GIT_REVISION": revision}
     return subprocess.run(argv, cwd=REPO, env=env).returncode
 
 
-def run_quickstart(out: Path) -> dict[str, Any]:
-    """The quickstart in a fresh clone of HEAD with an empty model cache (both in a temporary folder): its wall time,
-    peak RSS, exit code, accuracy matrix, learning and whether its summary.json is the committed one; written to
-    `out`/quickstart.json."""
-    revision = measured_revision(REPO, out)
-    print(
-        f"cloning git HEAD {revision[:7]}{'+dirty' * revision.endswith('+dirty')} (uncommitted changes are not"
-        " cloned)",
-        flush=True,
-    )
+def run_quickstart(out: Path, revision: str) -> dict[str, Any]:
+    """The quickstart in a fresh clone of HEAD (`revision`: the tree's, as the other steps record it) with an empty
+    model cache (both in a temporary folder): its wall time, peak RSS, exit code, accuracy matrix, learning and whether
+    its summary.json is the committed one; written to `out`/quickstart.json."""
+    print(f"cloning git HEAD {revision} (uncommitted changes are not cloned)", flush=True)
     with tempfile.TemporaryDirectory(prefix="adaptercl-quickstart-") as tmp:
         clone = Path(tmp) / "clone"
         subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
-        revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout
+        cloned = subprocess.run(["git", "rev-parse", "HEAD"], cwd=clone, capture_output=True, text=True).stdout
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "ADAPTERCL_CACHE": str(Path(tmp) / "cache")}
         cmd = ["adaptercl", "recipe", "run", "recipes/quickstart.yaml", "output_dir=runs/quickstart"]
         # `python -m` from the clone's root imports the clone's adaptercl, not an installed one
@@ -170,7 +153,7 @@ def run_quickstart(out: Path) -> dict[str, Any]:
         **provenance(),
         "command": "git clone . <tmp>/clone && cd <tmp>/clone && ADAPTERCL_CACHE=<tmp>/cache HF_HUB_OFFLINE=1 "
         + " ".join(cmd),
-        "cloned_revision": revision.strip(),
+        "cloned_revision": cloned.strip(),
         "exit": done.returncode,
         "wall_s": round(wall_s, 1),
         "peak_rss_gib": round(int(peak[-1]) / 2**20, 2) if peak else None,
@@ -255,10 +238,12 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS_DIR / (args.name or cpu_name(cpuinfo))
     out.mkdir(parents=True, exist_ok=True)
     plan = [s for s in steps(out, cpu_fields(cpuinfo)["model"]) if args.only is None or s.name in args.only]
-    revision = measured_revision(REPO, out)
+    # read once before the first step: the JSONs the steps write into `out` are not code and must not make the
+    # later steps' revision `+dirty`
+    revision = git_revision(exclude=out)
     failed = run_steps(plan, out, args.redo, lambda argv: run_command(argv, revision))
     if args.only is None or QUICKSTART in args.only:  # the same skipping; its "command" is run_quickstart
-        failed += run_steps([Step(QUICKSTART, [])], out, args.redo, lambda _: run_quickstart(out)["exit"])
+        failed += run_steps([Step(QUICKSTART, [])], out, args.redo, lambda _: run_quickstart(out, revision)["exit"])
     summary = summary_md(out)
     (out / "summary.md").write_text(summary)
     print(summary)

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks" / "perf"))
 import cpu_figures  # noqa: E402
 import cpu_paths  # noqa: E402
+import provenance  # noqa: E402
 import step_time  # noqa: E402
 
 ZEN5 = REPO / "benchmarks" / "perf" / "results" / "amd-epyc-zen5"
@@ -67,8 +68,10 @@ def test_a_measured_step_is_skipped_and_a_failed_one_reported(tmp_path):
     assert cpu_figures.run_steps(plan, tmp_path, redo=True, run=run) == ["c"] and ran == ["a", "b", "c"]
 
 
-def test_the_measured_revision_ignores_the_results_this_command_writes(tmp_path):
-    """A results JSON written by an earlier step does not make the later steps' revision dirty; code does."""
+def test_the_steps_revision_ignores_the_results_this_command_writes(tmp_path, monkeypatch):
+    """A results JSON written by an earlier step does not make the later steps' revision dirty (provenance's
+    git_revision with the results folder excluded, as main reads it); code does."""
+    monkeypatch.delenv("ADAPTERCL_GIT_REVISION", raising=False)  # the override would answer for git
     repo, out = tmp_path / "repo", tmp_path / "repo" / "benchmarks" / "perf" / "results" / "cpu"
     out.mkdir(parents=True)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
@@ -78,9 +81,10 @@ def test_the_measured_revision_ignores_the_results_this_command_writes(tmp_path)
     subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     (out / "step_time-x.json").write_text("{}\n")  # a step's result, uncommitted
-    assert cpu_figures.measured_revision(repo, out) == head
-    (repo / "code.py").write_text("x = 2\n")  # an uncommitted code change
-    assert cpu_figures.measured_revision(repo, out) == head + "+dirty"
+    # read from a subfolder, as provenance does from benchmarks/: the whole tree counts
+    assert provenance.git_revision(repo=repo / "benchmarks", exclude=out) == head
+    (repo / "code.py").write_text("x = 2\n")  # an uncommitted code change, outside that subfolder
+    assert provenance.git_revision(repo=repo / "benchmarks", exclude=out) == head + "+dirty"
 
 
 def test_the_quickstarts_learning_bar_by_hand():
